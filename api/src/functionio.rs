@@ -1,0 +1,272 @@
+//! FunctionIO: the YAML document a composition function reads on stdin and
+//! writes on stdout (Crossplane `apiextensions.crossplane.io/v1alpha1`).
+//!
+//! The types follow Crossplane's Go types field for field. Unknown fields are
+//! ignored, as the composition controller ignores them; embedded resources stay
+//! free-form YAML. [`validate`] is used on the caller's input before any work
+//! starts and on the function's output before it is returned.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_norway::Value;
+
+/// The `apiVersion` a FunctionIO may carry.
+pub const API_VERSION: &str = "apiextensions.crossplane.io/v1alpha1";
+/// The `kind` a FunctionIO may carry.
+pub const KIND: &str = "FunctionIO";
+
+/// A FunctionIO document.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FunctionIo {
+    /// Optional; the composition controller omits it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Optional; the composition controller omits it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The function's configuration: any object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<BTreeMap<String, Value>>,
+    /// The observed state of the composite resource and its composed resources.
+    #[serde(default)]
+    pub observed: Observed,
+    /// The desired state, which functions in the pipeline amend.
+    #[serde(default)]
+    pub desired: Desired,
+    /// Results reported by functions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<FnResult>,
+}
+
+/// Observed state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Observed {
+    /// The observed composite resource.
+    #[serde(default)]
+    pub composite: Composite,
+    /// The observed composed resources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ObservedResource>,
+}
+
+/// Desired state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Desired {
+    /// The desired composite resource.
+    #[serde(default)]
+    pub composite: Composite,
+    /// The desired composed resources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<DesiredResource>,
+}
+
+/// A composite resource and its connection details.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Composite {
+    /// The resource: any object.
+    #[serde(default)]
+    pub resource: BTreeMap<String, Value>,
+    /// Connection details.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connection_details: Vec<ConnectionDetail>,
+}
+
+/// An observed composed resource.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedResource {
+    /// The name of the resource within the composition.
+    pub name: String,
+    /// The resource: any object.
+    #[serde(default)]
+    pub resource: BTreeMap<String, Value>,
+    /// Connection details.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connection_details: Vec<ConnectionDetail>,
+}
+
+/// A desired composed resource.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DesiredResource {
+    /// The name of the resource within the composition.
+    pub name: String,
+    /// The resource: any object.
+    #[serde(default)]
+    pub resource: BTreeMap<String, Value>,
+    /// Connection details: free-form objects (Crossplane's derived details).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connection_details: Vec<BTreeMap<String, Value>>,
+    /// Readiness checks: free-form objects.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readiness_checks: Vec<BTreeMap<String, Value>>,
+}
+
+/// An explicit connection detail.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionDetail {
+    /// The key.
+    pub name: String,
+    /// The value.
+    #[serde(default)]
+    pub value: String,
+}
+
+/// A result reported by a function.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FnResult {
+    /// How serious the result is.
+    pub severity: Severity,
+    /// What happened.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// Severity of a [`FnResult`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Severity {
+    /// The composition fails.
+    Fatal,
+    /// A warning event is emitted.
+    Warning,
+    /// A normal event is emitted.
+    Normal,
+}
+
+/// Why a document is not a FunctionIO.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The document is empty.
+    #[error("document is empty")]
+    Empty,
+    /// The document is not a YAML mapping at the top level.
+    #[error("document is not a YAML mapping but a {0}")]
+    NotAMapping(&'static str),
+    /// The document is not valid YAML, or a field has the wrong shape.
+    #[error("{0}")]
+    Yaml(#[from] serde_norway::Error),
+    /// `apiVersion` or `kind` is present with a wrong value.
+    #[error("{field} is {found:?}, expected {expected:?}")]
+    WrongType {
+        /// `apiVersion` or `kind`.
+        field: &'static str,
+        /// The value found.
+        found: String,
+        /// The only value allowed.
+        expected: &'static str,
+    },
+}
+
+/// Parses and checks a FunctionIO document.
+///
+/// The document must be a YAML mapping whose known fields have the shapes of
+/// Crossplane's FunctionIO; unknown fields are ignored. `apiVersion` and `kind`
+/// are optional but must be right when present.
+pub fn validate(doc: &[u8]) -> Result<FunctionIo, Error> {
+    if doc.iter().all(u8::is_ascii_whitespace) {
+        return Err(Error::Empty);
+    }
+    let value: Value = serde_norway::from_slice(doc)?;
+    let kind = match &value {
+        Value::Mapping(_) => None,
+        Value::Null => Some("null"),
+        Value::Bool(_) => Some("boolean"),
+        Value::Number(_) => Some("number"),
+        Value::String(_) => Some("string"),
+        Value::Sequence(_) => Some("sequence"),
+        Value::Tagged(_) => Some("tagged value"),
+    };
+    if let Some(kind) = kind {
+        return Err(Error::NotAMapping(kind));
+    }
+    let io: FunctionIo = serde_norway::from_value(value)?;
+    check_type_meta("apiVersion", io.api_version.as_deref(), API_VERSION)?;
+    check_type_meta("kind", io.kind.as_deref(), KIND)?;
+    Ok(io)
+}
+
+fn check_type_meta(
+    field: &'static str,
+    found: Option<&str>,
+    expected: &'static str,
+) -> Result<(), Error> {
+    match found {
+        Some(found) if found != expected => Err(Error::WrongType {
+            field,
+            found: found.to_owned(),
+            expected,
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../testdata/functionio.yaml");
+
+    #[test]
+    fn accepts_what_the_composition_controller_sends() {
+        let io = validate(EXAMPLE.as_bytes()).unwrap();
+        assert_eq!(io.desired.resources.len(), 1);
+        assert_eq!(io.desired.resources[0].name, "bucket");
+        assert_eq!(io.results[0].severity, Severity::Normal);
+        assert!(io.api_version.is_none());
+    }
+
+    #[test]
+    fn accepts_type_meta_and_unknown_fields() {
+        let doc = "apiVersion: apiextensions.crossplane.io/v1alpha1\nkind: FunctionIO\nextra: 1\nobserved: {composite: {resource: {}, future: true}}\n";
+        validate(doc.as_bytes()).unwrap();
+        validate(b"{}").unwrap();
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_functionio() {
+        let cases: &[(&str, &str)] = &[
+            ("", "empty"),
+            ("  \n", "empty"),
+            ("hello", "not a YAML mapping but a string"),
+            ("- a\n- b\n", "not a YAML mapping but a sequence"),
+            ("42", "not a YAML mapping but a number"),
+            ("~", "not a YAML mapping but a null"),
+            ("a: [1, 2", "did not find expected"),
+            ("results: [{severity: Bad, message: x}]", "unknown variant `Bad`"),
+            ("results: {}", "expected a sequence"),
+            ("desired: {resources: [{resource: {}}]}", "missing field `name`"),
+            ("observed: []", "expected struct Observed"),
+            ("kind: Pod", "kind is \"Pod\""),
+            ("apiVersion: v1", "apiVersion is \"v1\""),
+        ];
+        for (doc, want) in cases {
+            let err = validate(doc.as_bytes()).unwrap_err().to_string();
+            assert!(err.contains(want), "{doc:?}: {err:?} does not contain {want:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_alias_bombs() {
+        let mut doc = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 0..12 {
+            let prev = if i == 0 { "a".to_owned() } else { format!("a{}", i - 1) };
+            doc.push_str(&format!(
+                "a{i}: &a{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+            ));
+        }
+        doc.push_str("config: {x: *a11}\n");
+        assert!(validate(doc.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn round_trips() {
+        let io = validate(EXAMPLE.as_bytes()).unwrap();
+        let out = serde_norway::to_string(&io).unwrap();
+        assert_eq!(validate(out.as_bytes()).unwrap(), io);
+    }
+}
