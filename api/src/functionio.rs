@@ -237,16 +237,25 @@ mod tests {
             ("42", "not a YAML mapping but a number"),
             ("~", "not a YAML mapping but a null"),
             ("a: [1, 2", "did not find expected"),
-            ("results: [{severity: Bad, message: x}]", "unknown variant `Bad`"),
+            (
+                "results: [{severity: Bad, message: x}]",
+                "unknown variant `Bad`",
+            ),
             ("results: {}", "expected a sequence"),
-            ("desired: {resources: [{resource: {}}]}", "missing field `name`"),
+            (
+                "desired: {resources: [{resource: {}}]}",
+                "missing field `name`",
+            ),
             ("observed: []", "expected struct Observed"),
             ("kind: Pod", "kind is \"Pod\""),
             ("apiVersion: v1", "apiVersion is \"v1\""),
         ];
         for (doc, want) in cases {
             let err = validate(doc.as_bytes()).unwrap_err().to_string();
-            assert!(err.contains(want), "{doc:?}: {err:?} does not contain {want:?}");
+            assert!(
+                err.contains(want),
+                "{doc:?}: {err:?} does not contain {want:?}"
+            );
         }
     }
 
@@ -254,7 +263,11 @@ mod tests {
     fn refuses_alias_bombs() {
         let mut doc = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
         for i in 0..12 {
-            let prev = if i == 0 { "a".to_owned() } else { format!("a{}", i - 1) };
+            let prev = if i == 0 {
+                "a".to_owned()
+            } else {
+                format!("a{}", i - 1)
+            };
             doc.push_str(&format!(
                 "a{i}: &a{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
             ));

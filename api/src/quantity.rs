@@ -81,7 +81,11 @@ impl Quantity {
                 }
                 (e, 0)
             }
-            _ => return Err(err("its suffix is not one of n u m k M G T P E Ki Mi Gi Ti Pi Ei")),
+            _ => {
+                return Err(err(
+                    "its suffix is not one of n u m k M G T P E Ki Mi Gi Ti Pi Ei",
+                ));
+            }
         };
         Ok(Quantity {
             mantissa,
@@ -182,10 +186,26 @@ mod tests {
 
     #[test]
     fn invalid() {
-        for q in ["", "-1", "abc", "1Q", "1.2.3", ".", "Mi", "1e99", "1ee", "99999999999999999999999999999999"] {
+        for q in [
+            "",
+            "-1",
+            "abc",
+            "1Q",
+            "1.2.3",
+            ".",
+            "Mi",
+            "1e99",
+            "1ee",
+            "99999999999999999999999999999999",
+        ] {
             assert!(parse_memory(q).is_err(), "{q}");
         }
         assert!(parse_memory("100Ei").is_err(), "overflow");
-        assert!(parse_memory("12Gb").unwrap_err().to_string().contains("\"12Gb\""));
+        assert!(
+            parse_memory("12Gb")
+                .unwrap_err()
+                .to_string()
+                .contains("\"12Gb\"")
+        );
     }
 }
