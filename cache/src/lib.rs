@@ -1,0 +1,748 @@
+//! fnrun image cache: references, registry and OCI-layout transports, a verified
+//! content-addressed store, and layer unpacking into overlayfs lower directories.
+//!
+//! [`Cache::get`] turns an [`ImageRef`] into an [`Image`]: the unpacked layer directories
+//! (bottom to top) and the image config. Every blob is verified against its digest before
+//! it is stored or used, layers are unpacked once per diff_id and layer owner, and hostile
+//! layer content cannot touch anything outside its layer directory (see [`unpack`]).
+
+mod digest;
+mod layout;
+mod manifest;
+mod reference;
+mod registry;
+mod store;
+mod unpack;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+
+pub use crate::digest::DigestError;
+pub use crate::layout::LayoutError;
+pub use crate::manifest::ManifestError;
+pub use crate::reference::{DOCKER_HUB, ImageRef, ReferenceError};
+pub use crate::registry::RegistryError;
+pub use crate::store::StoreError;
+pub use crate::unpack::UnpackError;
+
+use crate::digest::Digest;
+use crate::manifest::{ImageManifest, MAX_METADATA_BYTES, Manifest};
+use crate::registry::{Registries, Repo};
+use crate::store::{KeyedLocks, Store};
+use crate::unpack::{Budget, Exceeded};
+
+/// Default unpacked size limit of one image (4 GiB).
+pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 4 << 30;
+/// Limit on the number of files (tar entries) of one image, across its layers.
+pub const MAX_IMAGE_FILES: u64 = 1 << 20;
+/// Blob downloads running at once for one image.
+const CONCURRENT_DOWNLOADS: usize = 4;
+
+/// Cache settings.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Cache directory.
+    pub root: PathBuf,
+    /// Registry for unqualified references, e.g. `index.docker.io`.
+    pub default_registry: String,
+    /// `host[:port]` (or `host`, any port) allowed plain HTTP, in addition to loopback
+    /// registries (127.0.0.0/8, ::1, localhost); everything else is HTTPS.
+    pub insecure_registries: Vec<String>,
+    /// Ownership of unpacked files.
+    pub owner: LayerOwner,
+    /// Unpacked size limit of one image.
+    pub max_image_bytes: u64,
+}
+
+impl CacheConfig {
+    /// Defaults: Docker Hub, no insecure registries, [`LayerOwner::Identity`], 4 GiB.
+    pub fn new(root: impl Into<PathBuf>) -> CacheConfig {
+        CacheConfig {
+            root: root.into(),
+            default_registry: DOCKER_HUB.to_owned(),
+            insecure_registries: Vec::new(),
+            owner: LayerOwner::Identity,
+            max_image_bytes: DEFAULT_MAX_IMAGE_BYTES,
+        }
+    }
+}
+
+/// Who owns the files of unpacked layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerOwner {
+    /// Rootless runner: files are owned by the runner's own uid/gid (no chown); the
+    /// sandbox maps that id to 0.
+    Identity,
+    /// Root runner: a file owned by uid u / gid g in the tar is chowned to
+    /// (uid + u, gid + g); ids >= size become (uid + 65534, gid + 65534)
+    /// (or the last id of the range if it is smaller).
+    Shift {
+        /// First host uid of the range.
+        uid: u32,
+        /// First host gid of the range.
+        gid: u32,
+        /// Number of ids in the range.
+        size: u32,
+    },
+}
+
+impl LayerOwner {
+    /// The directory name under `layers/`: unpacked trees differ by owner.
+    fn tag(&self) -> String {
+        match self {
+            LayerOwner::Identity => "id".to_owned(),
+            LayerOwner::Shift { uid, gid, size } => format!("shift-{uid}-{gid}-{size}"),
+        }
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        if let LayerOwner::Shift { uid, gid, size } = *self {
+            if size == 0 {
+                return Err(StoreError::InvalidOwner("the id range is empty".into()));
+            }
+            if uid.checked_add(size - 1).is_none() || gid.checked_add(size - 1).is_none() {
+                return Err(StoreError::InvalidOwner(format!(
+                    "the id range {uid}/{gid}+{size} overflows"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// When to contact the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PullPolicy {
+    /// Use the cached image if the reference was resolved before; pull otherwise.
+    #[default]
+    IfNotPresent,
+    /// Resolve the reference in the registry every time; reuse blobs and layers.
+    Always,
+    /// Never contact the registry; fail with [`ErrorKind::NotCached`] if not cached.
+    Never,
+}
+
+/// Registry credentials.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub enum Credentials {
+    /// No credentials (anonymous token, if the registry uses tokens).
+    #[default]
+    Anonymous,
+    /// User name and password (or access token used as a password).
+    Basic {
+        /// User name.
+        username: String,
+        /// Password; never printed.
+        password: String,
+    },
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credentials::Anonymous => f.write_str("Anonymous"),
+            Credentials::Basic { username, .. } => f
+                .debug_struct("Basic")
+                .field("username", username)
+                .field("password", &"<redacted>")
+                .finish(),
+        }
+    }
+}
+
+/// A cached, unpacked image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// Normalized reference.
+    pub reference: String,
+    /// Digest of the (single-platform) image manifest, `sha256:...`.
+    pub digest: String,
+    /// Unpacked layer directories, bottom to top, absolute.
+    pub layers: Vec<PathBuf>,
+    /// The parts of the image config a run needs.
+    pub config: ImageConfig,
+}
+
+/// The parts of an image config a run needs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageConfig {
+    /// `Entrypoint`.
+    pub entrypoint: Vec<String>,
+    /// `Cmd`.
+    pub cmd: Vec<String>,
+    /// `Env` (`NAME=value`).
+    pub env: Vec<String>,
+    /// `WorkingDir` (empty: `/`).
+    pub working_dir: String,
+    /// `User` (`uid[:gid]` or names; empty: root).
+    pub user: String,
+}
+
+/// The class of a cache error, for mapping to gRPC codes and exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The reference is malformed.
+    InvalidReference,
+    /// Image, tag or platform not found in the registry or layout.
+    NotFound,
+    /// The registry refused the credentials.
+    Unauthorized,
+    /// Pull policy Never and the image is not cached.
+    NotCached,
+    /// The registry is unreachable or failing.
+    Unavailable,
+    /// Digest mismatch, hostile or corrupt content, size limit exceeded.
+    Corrupt,
+    /// A local failure (file system, task).
+    Internal,
+}
+
+/// A cache error. Messages never contain credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Unpack(#[from] UnpackError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("image {reference} is not cached and the pull policy is Never")]
+    NotCached { reference: String },
+    #[error("image {reference} exceeds the unpacked size limit of {limit} bytes")]
+    TooLarge { reference: String, limit: u64 },
+    #[error("image {reference} exceeds the limit of {limit} files")]
+    TooManyFiles { reference: String, limit: u64 },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The class of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Reference(_) => ErrorKind::InvalidReference,
+            Error::Manifest(e) => e.kind(),
+            Error::Store(e) => e.kind(),
+            Error::Unpack(e) => e.kind(),
+            Error::Registry(e) => e.kind(),
+            Error::Layout(e) => e.kind(),
+            Error::NotCached { .. } => ErrorKind::NotCached,
+            Error::TooLarge { .. } | Error::TooManyFiles { .. } => ErrorKind::Corrupt,
+            Error::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
+    fn exceeded(reference: &str, e: Exceeded) -> Error {
+        match e {
+            Exceeded::Bytes(limit) => Error::TooLarge {
+                reference: reference.to_owned(),
+                limit,
+            },
+            Exceeded::Entries(limit) => Error::TooManyFiles {
+                reference: reference.to_owned(),
+                limit,
+            },
+        }
+    }
+}
+
+/// Runs blocking store work off the async runtime.
+async fn blocking<T, F>(f: F) -> Result<T, Error>
+where
+    F: FnOnce() -> Result<T, Error> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("cache task failed: {e}")))?
+}
+
+/// Where the blobs of an image being materialized come from.
+#[derive(Clone)]
+enum Source {
+    /// The store only (no network).
+    Local,
+    /// The store, filled from a registry.
+    Registry { repo: Repo, creds: Credentials },
+    /// An OCI layout directory.
+    Layout(PathBuf),
+}
+
+/// An image whose single-platform manifest is known.
+struct Resolved {
+    reference: String,
+    digest: Digest,
+    manifest: ImageManifest,
+}
+
+struct Inner {
+    store: Store,
+    config: CacheConfig,
+    owner_tag: String,
+    registries: Registries,
+    locks: KeyedLocks,
+}
+
+/// The image cache. `Send + Sync`; share it in an `Arc`.
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Cache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache")
+            .field("root", &self.inner.store.root())
+            .field("owner", &self.inner.config.owner)
+            .finish()
+    }
+}
+
+impl Cache {
+    /// Opens the cache at `config.root`, creating its layout and removing tmp/ leftovers
+    /// of processes that are gone.
+    pub fn open(config: CacheConfig) -> Result<Cache, Error> {
+        config.owner.validate()?;
+        let owner_tag = config.owner.tag();
+        let store = Store::open(&config.root, &owner_tag)?;
+        let registries = Registries::new(config.insecure_registries.clone());
+        Ok(Cache {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                owner_tag,
+                registries,
+                locks: KeyedLocks::default(),
+            }),
+        })
+    }
+
+    /// The cache directory (absolute).
+    pub fn root(&self) -> &Path {
+        self.inner.store.root()
+    }
+
+    /// Parses a reference with this cache's default registry.
+    pub fn parse_reference(&self, s: &str) -> Result<ImageRef, Error> {
+        ImageRef::parse(s, &self.inner.config.default_registry)
+    }
+
+    /// Returns the image, pulling and unpacking what is missing as `policy` allows.
+    pub async fn get(
+        &self,
+        image: &ImageRef,
+        policy: PullPolicy,
+        creds: &Credentials,
+    ) -> Result<Image, Error> {
+        let image = &image.normalized()?;
+        match image {
+            ImageRef::OciLayout { path, tag } => {
+                let reference = image.to_string();
+                let (p, t, r) = (path.clone(), tag.clone(), reference.clone());
+                let (digest, manifest) =
+                    blocking(move || Ok(layout::resolve(&p, t.as_deref())?)).await?;
+                let resolved = Resolved {
+                    reference: r,
+                    digest,
+                    manifest,
+                };
+                self.materialize(resolved, Source::Layout(path.clone()))
+                    .await
+            }
+            ImageRef::Registry {
+                registry,
+                repository,
+                tag,
+                ..
+            } => {
+                let repo = Repo {
+                    registry: registry.clone(),
+                    repository: repository.clone(),
+                    reference: image.to_string(),
+                };
+                self.get_registry(repo, tag.as_deref(), image.pinned_digest(), policy, creds)
+                    .await
+            }
+        }
+    }
+
+    async fn get_registry(
+        &self,
+        repo: Repo,
+        tag: Option<&str>,
+        pinned: Option<Digest>,
+        policy: PullPolicy,
+        creds: &Credentials,
+    ) -> Result<Image, Error> {
+        let reference = repo.reference.clone();
+        if policy != PullPolicy::Always {
+            let inner = self.inner.clone();
+            let (r, p) = (reference.clone(), pinned.clone());
+            let local = blocking(move || inner.resolve_local(&r, p)).await?;
+            if let Some(resolved) = local {
+                match self.materialize(resolved, Source::Local).await {
+                    Err(Error::NotCached { .. }) if policy == PullPolicy::IfNotPresent => {
+                        tracing::info!(reference = %reference, "cached image is incomplete; pulling");
+                    }
+                    other => return other,
+                }
+            } else if policy == PullPolicy::Never {
+                return Err(Error::NotCached { reference });
+            }
+        }
+
+        tracing::info!(reference = %reference, "pulling image");
+        let (top, resolved) = self
+            .resolve_remote(&repo, tag, pinned.as_ref(), creds)
+            .await?;
+        let image = self
+            .materialize(
+                resolved,
+                Source::Registry {
+                    repo: repo.clone(),
+                    creds: creds.clone(),
+                },
+            )
+            .await?;
+        let inner = self.inner.clone();
+        blocking(move || Ok(inner.store.write_ref(&reference, &top)?)).await?;
+        Ok(image)
+    }
+
+    /// Resolves the reference in the registry, storing the manifest (and index) blobs.
+    /// Returns the digest the reference points to and the platform manifest.
+    async fn resolve_remote(
+        &self,
+        repo: &Repo,
+        tag: Option<&str>,
+        pinned: Option<&Digest>,
+        creds: &Credentials,
+    ) -> Result<(Digest, Resolved), Error> {
+        let regs = &self.inner.registries;
+        let (bytes, top) = regs.manifest(repo, creds, tag, pinned).await?;
+        let manifest = manifest::parse_manifest(&bytes, &top)?;
+        self.store_blob(top.clone(), "manifest", bytes).await?;
+        let (digest, manifest) = match manifest {
+            Manifest::Image(m) => (top.clone(), m),
+            Manifest::Index(index) => {
+                let chosen = manifest::select_platform(&index, &top.to_string())?;
+                let inner = self.inner.clone();
+                let d = chosen.digest.clone();
+                let cached = blocking(move || {
+                    Ok(match inner.store.has_blob(&d) {
+                        true => Some(inner.store.read_blob(&d, "manifest", MAX_METADATA_BYTES)?),
+                        false => None,
+                    })
+                })
+                .await;
+                let bytes = match cached {
+                    Ok(Some(b)) => b,
+                    _ => {
+                        let (b, _) = regs
+                            .manifest(repo, creds, None, Some(&chosen.digest))
+                            .await?;
+                        self.store_blob(chosen.digest.clone(), "manifest", b.clone())
+                            .await?;
+                        b
+                    }
+                };
+                match manifest::parse_manifest(&bytes, &chosen.digest)? {
+                    Manifest::Image(m) => (chosen.digest, m),
+                    Manifest::Index(_) => {
+                        return Err(ManifestError::Unsupported {
+                            digest: top.to_string(),
+                            reason: "an index entry for this platform is itself an index".into(),
+                        }
+                        .into());
+                    }
+                }
+            }
+        };
+        Ok((
+            top,
+            Resolved {
+                reference: repo.reference.clone(),
+                digest,
+                manifest,
+            },
+        ))
+    }
+
+    async fn store_blob(
+        &self,
+        digest: Digest,
+        what: &'static str,
+        bytes: Vec<u8>,
+    ) -> Result<(), Error> {
+        let inner = self.inner.clone();
+        blocking(move || Ok(inner.store.write_blob(&digest, what, &bytes)?)).await
+    }
+
+    /// Makes sure the config and every layer of `resolved` are available, unpacking
+    /// missing layers, and returns the image.
+    async fn materialize(&self, resolved: Resolved, source: Source) -> Result<Image, Error> {
+        let Resolved {
+            reference,
+            digest,
+            manifest,
+        } = resolved;
+        let inner = &self.inner;
+
+        // The config.
+        let cfg = manifest.config.clone();
+        self.ensure_blob(&cfg.digest, cfg.size, "config", &source, &reference)
+            .await?;
+        let config_bytes = {
+            let inner = inner.clone();
+            let source = source.clone();
+            blocking(move || match &source {
+                Source::Layout(path) => Ok(layout::read_blob(path, &cfg.digest)?),
+                _ => Ok(inner
+                    .store
+                    .read_blob(&cfg.digest, "config", MAX_METADATA_BYTES)?),
+            })
+            .await?
+        };
+        let parsed = manifest::parse_config(
+            &config_bytes,
+            &manifest.config.digest,
+            manifest.layers.len(),
+        )?;
+
+        // Charge layers already unpacked to the image's budget; find the missing ones.
+        let budget = Arc::new(Budget::new(inner.config.max_image_bytes, MAX_IMAGE_FILES));
+        let missing = {
+            let inner = inner.clone();
+            let diff_ids = parsed.diff_ids.clone();
+            let budget = budget.clone();
+            let r = reference.clone();
+            blocking(move || {
+                let mut missing = Vec::new();
+                for (i, diff_id) in diff_ids.iter().enumerate() {
+                    match inner.store.layer_stats(diff_id) {
+                        Some(s) => budget
+                            .charge(s.bytes, s.entries)
+                            .map_err(|e| Error::exceeded(&r, e))?,
+                        None => missing.push(i),
+                    }
+                }
+                Ok(missing)
+            })
+            .await?
+        };
+
+        // gzip cannot shrink a tar much below its size: if the compressed layers alone are
+        // well over the limit, fail before downloading them.
+        let max = inner.config.max_image_bytes;
+        let compressed: u64 = missing.iter().map(|&i| manifest.layers[i].size).sum();
+        let already = budget.used_bytes();
+        if already.saturating_add(compressed) > max.saturating_add(max / 64).saturating_add(1 << 20)
+        {
+            return Err(Error::TooLarge {
+                reference,
+                limit: max,
+            });
+        }
+
+        // Compressed blobs of the missing layers. (Futures are collected into Vecs first:
+        // closures inside stream combinators make the future not provably `Send`.)
+        let mut downloads = Vec::with_capacity(missing.len());
+        for &i in &missing {
+            let layer = &manifest.layers[i];
+            downloads.push(self.ensure_blob(
+                &layer.digest,
+                layer.size,
+                "layer",
+                &source,
+                &reference,
+            ));
+        }
+        futures::stream::iter(downloads)
+            .buffer_unordered(CONCURRENT_DOWNLOADS)
+            .try_collect::<Vec<()>>()
+            .await?;
+
+        // Unpack them (concurrently; each layer once).
+        let mut unpacks = Vec::with_capacity(missing.len());
+        for &i in &missing {
+            unpacks.push(self.ensure_layer(
+                manifest.layers[i].digest.clone(),
+                parsed.diff_ids[i].clone(),
+                &source,
+                budget.clone(),
+                &reference,
+            ));
+        }
+        futures::future::try_join_all(unpacks).await?;
+
+        Ok(Image {
+            digest: digest.to_string(),
+            layers: parsed
+                .diff_ids
+                .iter()
+                .map(|d| inner.store.layer_dir(d))
+                .collect(),
+            config: parsed.config,
+            reference,
+        })
+    }
+
+    /// Makes a blob available from `source`: present in the store (downloading it if
+    /// allowed) or present in the layout.
+    async fn ensure_blob(
+        &self,
+        digest: &Digest,
+        size: u64,
+        what: &'static str,
+        source: &Source,
+        reference: &str,
+    ) -> Result<(), Error> {
+        let store = &self.inner.store;
+        match source {
+            Source::Layout(path) => {
+                let (p, d) = (path.clone(), digest.clone());
+                blocking(move || Ok(layout::check_blob(&p, &d).map(drop)?)).await
+            }
+            Source::Local => {
+                if store.has_blob(digest) {
+                    Ok(())
+                } else {
+                    Err(Error::NotCached {
+                        reference: reference.to_owned(),
+                    })
+                }
+            }
+            Source::Registry { repo, creds } => {
+                if store.has_blob(digest) {
+                    return Ok(());
+                }
+                let _guard = self
+                    .inner
+                    .locks
+                    .lock(format!("blob/{}", digest.hex()))
+                    .await;
+                if store.has_blob(digest) {
+                    return Ok(());
+                }
+                let tmp = store.tmp_path("blob");
+                self.inner
+                    .registries
+                    .blob(repo, creds, what, digest, size, &tmp)
+                    .await?;
+                let (inner, d) = (self.inner.clone(), digest.clone());
+                blocking(move || Ok(inner.store.commit_blob(&tmp, &d)?)).await
+            }
+        }
+    }
+
+    /// Unpacks one layer unless it already is; charges it to `budget` either way.
+    async fn ensure_layer(
+        &self,
+        blob: Digest,
+        diff_id: Digest,
+        source: &Source,
+        budget: Arc<Budget>,
+        reference: &str,
+    ) -> Result<(), Error> {
+        let key = format!("layer/{}/{}", self.inner.owner_tag, diff_id.hex());
+        let guard = self.inner.locks.lock(key).await;
+        let inner = self.inner.clone();
+        let source = source.clone();
+        let reference = reference.to_owned();
+        blocking(move || {
+            let _guard = guard;
+            let store = &inner.store;
+            if let Some(s) = store.layer_stats(&diff_id) {
+                return budget
+                    .charge(s.bytes, s.entries)
+                    .map_err(|e| Error::exceeded(&reference, e));
+            }
+            let blob_path = match &source {
+                Source::Layout(path) => layout::blob_path(path, &blob),
+                _ => store.blob_path(&blob),
+            };
+            let tmp = store.tmp_path("layer");
+            tracing::debug!(layer = %blob, diff_id = %diff_id, "unpacking layer");
+            let stats = unpack::unpack_layer(
+                &blob_path,
+                &blob,
+                &diff_id,
+                &tmp,
+                inner.config.owner,
+                &budget,
+            )
+            .map_err(|e| match e {
+                UnpackError::TooLarge { limit, .. } => {
+                    Error::exceeded(&reference, Exceeded::Bytes(limit))
+                }
+                UnpackError::TooManyEntries { limit, .. } => {
+                    Error::exceeded(&reference, Exceeded::Entries(limit))
+                }
+                e => e.into(),
+            })?;
+            store.commit_layer(&tmp, &diff_id, stats)?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+impl Inner {
+    /// The image recorded for `reference` (or pinned by digest), if its manifest is stored.
+    fn resolve_local(
+        &self,
+        reference: &str,
+        pinned: Option<Digest>,
+    ) -> Result<Option<Resolved>, Error> {
+        let Some(top) = pinned.or_else(|| self.store.read_ref(reference)) else {
+            return Ok(None);
+        };
+        let Some(bytes) = self.read_local_manifest(&top)? else {
+            return Ok(None);
+        };
+        let (digest, manifest) = match manifest::parse_manifest(&bytes, &top)? {
+            Manifest::Image(m) => (top, m),
+            Manifest::Index(index) => {
+                let chosen = manifest::select_platform(&index, &top.to_string())?;
+                let Some(bytes) = self.read_local_manifest(&chosen.digest)? else {
+                    return Ok(None);
+                };
+                match manifest::parse_manifest(&bytes, &chosen.digest)? {
+                    Manifest::Image(m) => (chosen.digest, m),
+                    Manifest::Index(_) => return Ok(None),
+                }
+            }
+        };
+        Ok(Some(Resolved {
+            reference: reference.to_owned(),
+            digest,
+            manifest,
+        }))
+    }
+
+    /// A stored manifest, or `None` if it is missing or was corrupt (and removed).
+    fn read_local_manifest(&self, digest: &Digest) -> Result<Option<Vec<u8>>, Error> {
+        if !self.store.has_blob(digest) {
+            return Ok(None);
+        }
+        match self.store.read_blob(digest, "manifest", MAX_METADATA_BYTES) {
+            Ok(b) => Ok(Some(b)),
+            Err(e @ StoreError::CorruptBlob { .. }) => {
+                tracing::warn!(error = %e, "dropping corrupt cached manifest");
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,585 @@
+//! Image references: `[REGISTRY/]REPO[:TAG][@sha256:DIGEST]` and `oci:PATH[:TAG]`.
+//!
+//! This is a small hand-written parser rather than `oci_spec::distribution::Reference`
+//! (which oci-client re-exports): that parser hard-codes `docker.io` as the registry of
+//! unqualified references, and fnrun's `--registry` flag makes the default configurable.
+//! The grammar follows distribution/reference: the first path component is a registry
+//! if it contains `.` or `:`, is `localhost`, or is a bracketed IPv6 address.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::digest::{Digest, DigestError, truncate};
+
+/// Docker Hub's registry host, as the normalized form of `docker.io` references.
+pub const DOCKER_HUB: &str = "index.docker.io";
+
+const DEFAULT_TAG: &str = "latest";
+/// distribution/reference: a name (registry + repository) is at most 255 bytes.
+const MAX_NAME_LEN: usize = 255;
+const MAX_TAG_LEN: usize = 128;
+
+/// An image reference refused by the parser.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid image reference \"{reference}\": {reason}")]
+pub struct ReferenceError {
+    /// The reference as given (truncated if very long).
+    pub reference: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn invalid(reference: &str, reason: impl Into<String>) -> ReferenceError {
+    ReferenceError {
+        reference: truncate(reference),
+        reason: reason.into(),
+    }
+}
+
+/// Where an image comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ImageRef {
+    /// An image in a registry. `tag` is `latest` when neither a tag nor a digest was given.
+    Registry {
+        /// Registry host with an optional port, lower-case, e.g. `index.docker.io`, `localhost:5000`.
+        registry: String,
+        /// Repository path, e.g. `library/busybox`.
+        repository: String,
+        /// Tag, if any.
+        tag: Option<String>,
+        /// Manifest digest (`sha256:...`), if any. It wins over the tag when both are given.
+        digest: Option<String>,
+    },
+    /// An OCI image layout directory on the local file system.
+    OciLayout {
+        /// The layout directory (as given).
+        path: PathBuf,
+        /// Matched against the `org.opencontainers.image.ref.name` annotation in index.json.
+        tag: Option<String>,
+    },
+}
+
+impl ImageRef {
+    /// Parses a reference. Unqualified registry references use `default_registry`; when
+    /// that is Docker Hub, single-component repositories get the `library/` prefix.
+    pub fn parse(s: &str, default_registry: &str) -> Result<ImageRef, crate::Error> {
+        parse(s, default_registry).map_err(crate::Error::from)
+    }
+
+    /// The manifest digest, for registry references that pin one.
+    pub(crate) fn pinned_digest(&self) -> Option<Digest> {
+        match self {
+            ImageRef::Registry {
+                digest: Some(d), ..
+            } => Digest::parse(d).ok(),
+            _ => None,
+        }
+    }
+
+    /// Re-validates and normalizes a reference that may have been built by hand.
+    pub(crate) fn normalized(&self) -> Result<ImageRef, ReferenceError> {
+        match self {
+            // The display form of a registry reference always names its registry.
+            ImageRef::Registry { .. } => parse_registry(&self.to_string(), DOCKER_HUB),
+            ImageRef::OciLayout { path, .. } if path.as_os_str().is_empty() => {
+                Err(invalid(&self.to_string(), "the oci layout path is empty"))
+            }
+            ImageRef::OciLayout { .. } => Ok(self.clone()),
+        }
+    }
+}
+
+impl fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ImageRef::Registry {
+                registry,
+                repository,
+                tag,
+                digest,
+            } => {
+                write!(f, "{registry}/{repository}")?;
+                if let Some(tag) = tag {
+                    write!(f, ":{tag}")?;
+                }
+                if let Some(digest) = digest {
+                    write!(f, "@{digest}")?;
+                }
+                Ok(())
+            }
+            ImageRef::OciLayout { path, tag } => {
+                write!(f, "oci:{}", path.display())?;
+                if let Some(tag) = tag {
+                    write!(f, ":{tag}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+pub(crate) fn parse(s: &str, default_registry: &str) -> Result<ImageRef, ReferenceError> {
+    if s.is_empty() {
+        return Err(invalid(s, "the reference is empty"));
+    }
+    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(invalid(
+            s,
+            "the reference contains white space or control characters",
+        ));
+    }
+    if let Some(rest) = s.strip_prefix("oci:") {
+        return parse_oci_layout(s, rest);
+    }
+    if s.starts_with("oci-archive:") {
+        return Err(invalid(s, "oci-archive references are not supported yet"));
+    }
+    parse_registry(s, default_registry)
+}
+
+/// `oci:PATH[:TAG]`. Like skopeo, the path ends at the first `:`, so the path itself
+/// cannot contain one.
+fn parse_oci_layout(s: &str, rest: &str) -> Result<ImageRef, ReferenceError> {
+    let (path, tag) = match rest.split_once(':') {
+        Some((path, tag)) => (path, Some(tag)),
+        None => (rest, None),
+    };
+    if path.is_empty() {
+        return Err(invalid(s, "the oci layout path is empty"));
+    }
+    if let Some(tag) = tag {
+        if tag.is_empty() {
+            return Err(invalid(s, "the tag after the oci layout path is empty"));
+        }
+        // The org.opencontainers.image.ref.name grammar: alphanumerics and -._:@+/
+        if tag.len() > MAX_NAME_LEN
+            || !tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._:@+/".contains(&b))
+        {
+            return Err(invalid(
+                s,
+                "the oci layout tag has characters outside [A-Za-z0-9-._:@+/]",
+            ));
+        }
+    }
+    Ok(ImageRef::OciLayout {
+        path: PathBuf::from(path),
+        tag: tag.map(str::to_owned),
+    })
+}
+
+fn parse_registry(s: &str, default_registry: &str) -> Result<ImageRef, ReferenceError> {
+    let (name_tag, digest) = match s.split_once('@') {
+        Some((name_tag, digest)) => {
+            if digest.contains('@') {
+                return Err(invalid(s, "more than one '@'"));
+            }
+            let digest = Digest::parse(digest).map_err(|e| match e {
+                DigestError::Unsupported(alg) => invalid(
+                    s,
+                    format!("unsupported digest algorithm \"{alg}\"; only sha256 is supported"),
+                ),
+                DigestError::Invalid(_) => invalid(
+                    s,
+                    "the digest must be sha256: followed by 64 lower-case hex digits",
+                ),
+            })?;
+            (name_tag, Some(digest.to_string()))
+        }
+        None => (s, None),
+    };
+    // A ':' after the last '/' starts the tag; an earlier one is a registry port.
+    let last_slash = name_tag.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match name_tag[last_slash..].find(':') {
+        Some(i) => {
+            let split = last_slash + i;
+            (&name_tag[..split], Some(&name_tag[split + 1..]))
+        }
+        None => (name_tag, None),
+    };
+    if let Some(tag) = tag {
+        validate_tag(s, tag)?;
+    }
+    if name.is_empty() {
+        return Err(invalid(s, "the repository name is empty"));
+    }
+
+    let (registry, repository) = match name.split_once('/') {
+        Some((first, rest))
+            if first.contains('.')
+                || first.contains(':')
+                || first == "localhost"
+                || first.starts_with('[') =>
+        {
+            validate_registry(s, first)?;
+            (first.to_ascii_lowercase(), rest)
+        }
+        _ => {
+            validate_registry(default_registry, default_registry).map_err(|e| {
+                invalid(s, format!("the default registry is invalid: {}", e.reason))
+            })?;
+            (default_registry.to_ascii_lowercase(), name)
+        }
+    };
+    let registry = if registry == "docker.io" {
+        DOCKER_HUB.to_owned()
+    } else {
+        registry
+    };
+    validate_repository(s, repository)?;
+    let repository = if registry == DOCKER_HUB && !repository.contains('/') {
+        format!("library/{repository}")
+    } else {
+        repository.to_owned()
+    };
+    if registry.len() + 1 + repository.len() > MAX_NAME_LEN {
+        return Err(invalid(
+            s,
+            format!("the name is longer than {MAX_NAME_LEN} characters"),
+        ));
+    }
+    let tag = match (tag, &digest) {
+        (Some(tag), _) => Some(tag.to_owned()),
+        (None, None) => Some(DEFAULT_TAG.to_owned()),
+        (None, Some(_)) => None,
+    };
+    Ok(ImageRef::Registry {
+        registry,
+        repository,
+        tag,
+        digest,
+    })
+}
+
+/// `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`
+fn validate_tag(s: &str, tag: &str) -> Result<(), ReferenceError> {
+    let ok = !tag.is_empty()
+        && tag.len() <= MAX_TAG_LEN
+        && tag.bytes().enumerate().all(|(i, b)| {
+            b.is_ascii_alphanumeric() || b == b'_' || (i > 0 && (b == b'.' || b == b'-'))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            s,
+            "the tag must match [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}",
+        ))
+    }
+}
+
+/// `host[:port]` where host is DNS labels, or `[ipv6]`.
+fn validate_registry(s: &str, registry: &str) -> Result<(), ReferenceError> {
+    let bad = |reason: &str| {
+        invalid(
+            s,
+            format!("invalid registry \"{}\": {reason}", truncate(registry)),
+        )
+    };
+    let (host, port) = if let Some(rest) = registry.strip_prefix('[') {
+        let Some((addr, after)) = rest.split_once(']') else {
+            return Err(bad("unterminated '[' in IPv6 address"));
+        };
+        if addr.is_empty() || addr.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(bad("invalid IPv6 address"));
+        }
+        match after {
+            "" => (None, None),
+            p => match p.strip_prefix(':') {
+                Some(port) => (None, Some(port)),
+                None => return Err(bad("unexpected characters after the IPv6 address")),
+            },
+        }
+    } else {
+        match registry.split_once(':') {
+            Some((host, port)) => (Some(host), Some(port)),
+            None => (Some(registry), None),
+        }
+    };
+    if let Some(host) = host {
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if host.is_empty() || !host.split('.').all(label_ok) {
+            return Err(bad(
+                "host names are dot-separated labels of letters, digits and '-'",
+            ));
+        }
+    }
+    if let Some(port) = port
+        && (port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(bad("the port must be a number"));
+    }
+    Ok(())
+}
+
+/// Components `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*` separated by `/`.
+fn validate_repository(s: &str, repository: &str) -> Result<(), ReferenceError> {
+    if repository.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(invalid(s, "the repository name must be lower-case"));
+    }
+    for component in repository.split('/') {
+        if !repository_component_ok(component) {
+            return Err(invalid(
+                s,
+                format!(
+                    "invalid repository path component \"{}\": it must be lower-case letters and digits separated by '.', '_', '__' or '-'",
+                    truncate(component)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn repository_component_ok(c: &str) -> bool {
+    let b = c.as_bytes();
+    let alnum = |x: u8| x.is_ascii_lowercase() || x.is_ascii_digit();
+    if b.is_empty() || !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if alnum(b[i]) {
+            i += 1;
+            continue;
+        }
+        // A separator run: '.', '_', '__' or one or more '-'.
+        let start = i;
+        while i < b.len() && !alnum(b[i]) {
+            i += 1;
+        }
+        let sep = &c[start..i];
+        let ok = sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|x| x == b'-');
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: &str = "sha256:ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
+
+    fn reg(r: &str, repo: &str, tag: Option<&str>, digest: Option<&str>) -> ImageRef {
+        ImageRef::Registry {
+            registry: r.into(),
+            repository: repo.into(),
+            tag: tag.map(Into::into),
+            digest: digest.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn parses_valid_references() {
+        let hub = DOCKER_HUB;
+        let cases: Vec<(&str, &str, ImageRef, String)> = vec![
+            (
+                "busybox",
+                hub,
+                reg(hub, "library/busybox", Some("latest"), None),
+                "index.docker.io/library/busybox:latest".into(),
+            ),
+            (
+                "busybox:1.36",
+                hub,
+                reg(hub, "library/busybox", Some("1.36"), None),
+                "index.docker.io/library/busybox:1.36".into(),
+            ),
+            (
+                "docker.io/busybox",
+                hub,
+                reg(hub, "library/busybox", Some("latest"), None),
+                "index.docker.io/library/busybox:latest".into(),
+            ),
+            (
+                "docker.io/library/busybox",
+                "docker.io",
+                reg(hub, "library/busybox", Some("latest"), None),
+                "index.docker.io/library/busybox:latest".into(),
+            ),
+            (
+                "busybox",
+                "docker.io",
+                reg(hub, "library/busybox", Some("latest"), None),
+                "index.docker.io/library/busybox:latest".into(),
+            ),
+            (
+                "crossplane/function-foo:v1",
+                hub,
+                reg(hub, "crossplane/function-foo", Some("v1"), None),
+                "index.docker.io/crossplane/function-foo:v1".into(),
+            ),
+            (
+                "busybox",
+                "localhost:5000",
+                reg("localhost:5000", "busybox", Some("latest"), None),
+                "localhost:5000/busybox:latest".into(),
+            ),
+            (
+                "localhost/fn",
+                hub,
+                reg("localhost", "fn", Some("latest"), None),
+                "localhost/fn:latest".into(),
+            ),
+            (
+                "localhost:5000/a/b_c__d-e.f:tag-1.0",
+                hub,
+                reg("localhost:5000", "a/b_c__d-e.f", Some("tag-1.0"), None),
+                "localhost:5000/a/b_c__d-e.f:tag-1.0".into(),
+            ),
+            (
+                "127.0.0.1:5000/fn",
+                hub,
+                reg("127.0.0.1:5000", "fn", Some("latest"), None),
+                "127.0.0.1:5000/fn:latest".into(),
+            ),
+            (
+                "xpkg.upbound.io/crossplane-contrib/function-patch-and-transform:v0.1.4",
+                hub,
+                reg(
+                    "xpkg.upbound.io",
+                    "crossplane-contrib/function-patch-and-transform",
+                    Some("v0.1.4"),
+                    None,
+                ),
+                "xpkg.upbound.io/crossplane-contrib/function-patch-and-transform:v0.1.4".into(),
+            ),
+            (
+                "Registry.Example.COM/fn",
+                hub,
+                reg("registry.example.com", "fn", Some("latest"), None),
+                "registry.example.com/fn:latest".into(),
+            ),
+            (
+                "[::1]:5000/fn:v1",
+                hub,
+                reg("[::1]:5000", "fn", Some("v1"), None),
+                "[::1]:5000/fn:v1".into(),
+            ),
+        ];
+        for (input, default, want, display) in cases {
+            let got = parse(input, default).unwrap_or_else(|e| panic!("{input}: {e}"));
+            assert_eq!(got, want, "{input}");
+            assert_eq!(got.to_string(), display, "{input}");
+            // The normalized form parses to itself.
+            assert_eq!(
+                parse(&display, "unused.example").unwrap(),
+                want,
+                "{display}"
+            );
+        }
+
+        let with_digest = parse(&format!("localhost:5000/fn@{D}"), hub).unwrap();
+        assert_eq!(with_digest, reg("localhost:5000", "fn", None, Some(D)));
+        assert_eq!(with_digest.to_string(), format!("localhost:5000/fn@{D}"));
+        assert!(with_digest.pinned_digest().is_some());
+        let both = parse(&format!("fn:v1@{D}"), hub).unwrap();
+        assert_eq!(both, reg(hub, "library/fn", Some("v1"), Some(D)));
+    }
+
+    #[test]
+    fn parses_oci_layouts() {
+        assert_eq!(
+            parse("oci:/tmp/layout", DOCKER_HUB).unwrap(),
+            ImageRef::OciLayout {
+                path: "/tmp/layout".into(),
+                tag: None
+            }
+        );
+        let r = parse("oci:./dir:v1.0", DOCKER_HUB).unwrap();
+        assert_eq!(
+            r,
+            ImageRef::OciLayout {
+                path: "./dir".into(),
+                tag: Some("v1.0".into())
+            }
+        );
+        assert_eq!(r.to_string(), "oci:./dir:v1.0");
+    }
+
+    #[test]
+    fn refuses_invalid_references() {
+        let long_repo = "a".repeat(300);
+        let cases = [
+            "",
+            " busybox",
+            "busybox ",
+            "Busybox",
+            "library/BusyBox",
+            "localhost:5000/Fn",
+            "busybox:",
+            ":tag",
+            "busybox:-tag",
+            "busybox:tag with space",
+            "busybox@sha256:abc",
+            "busybox@sha256:FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF",
+            "busybox@md5:ffffffffffffffffffffffffffffffff",
+            "busybox@sha512:ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+            "a//b",
+            "a/",
+            "/a",
+            "a/-b",
+            "a/b-",
+            "a/b...c",
+            "a/b___c",
+            "local_host:5000/fn",
+            "-bad.example.com/fn",
+            "example.com:port/fn",
+            "[::1/fn",
+            "[zz]:5000/fn",
+            "oci:",
+            "oci::tag",
+            "oci:/path:",
+            "oci:/path:bad tag",
+            "oci-archive:/x.tar",
+            &long_repo,
+        ];
+        for input in cases {
+            let err = parse(input, DOCKER_HUB).expect_err(input);
+            assert!(
+                err.to_string().starts_with("invalid image reference"),
+                "{err}"
+            );
+            let err = ImageRef::parse(input, DOCKER_HUB).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidReference, "{input}");
+        }
+    }
+
+    #[test]
+    fn hand_built_references_are_normalized_or_refused() {
+        let hub = reg("docker.io", "busybox", Some("1"), None)
+            .normalized()
+            .unwrap();
+        assert_eq!(hub, reg(DOCKER_HUB, "library/busybox", Some("1"), None));
+        assert!(reg("", "busybox", None, None).normalized().is_err());
+        assert!(
+            reg("localhost:5000", "Bad", None, None)
+                .normalized()
+                .is_err()
+        );
+        assert!(
+            reg("localhost:5000", "fn", None, Some("sha256:xyz"))
+                .normalized()
+                .is_err()
+        );
+        let no_tag = reg("localhost:5000", "fn", None, None)
+            .normalized()
+            .unwrap();
+        assert_eq!(no_tag, reg("localhost:5000", "fn", Some("latest"), None));
+    }
+
+    #[test]
+    fn refuses_invalid_default_registry() {
+        assert!(parse("busybox", "bad registry").is_err());
+        assert!(parse("busybox", "").is_err());
+    }
+}

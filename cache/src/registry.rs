@@ -1,0 +1,511 @@
+//! Registry transport on oci-client: manifests and blobs, every byte verified here.
+//!
+//! oci-client keeps one credential per registry for the life of a client and caches
+//! tokens per repository, so clients are kept per (registry, credentials): a request
+//! never runs with another request's credentials. Descriptor `urls` (foreign layers)
+//! are never followed: blobs come from the registry named by the reference only.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use tokio::io::AsyncWriteExt;
+
+use crate::Credentials;
+use crate::digest::{Digest, Hasher, truncate};
+use crate::manifest::{ACCEPTED_MANIFESTS, MAX_METADATA_BYTES};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+const READ_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bound on cached clients (one per registry and credentials).
+const MAX_CLIENTS: usize = 64;
+
+/// A registry request that failed. Messages never include credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("{reference}: {what} not found in the registry ({detail})")]
+    NotFound {
+        reference: String,
+        what: &'static str,
+        detail: String,
+    },
+    #[error(
+        "{reference}: the registry refused access; the credentials are missing or wrong, or the repository does not exist ({detail})"
+    )]
+    Unauthorized { reference: String, detail: String },
+    #[error("{reference}: registry {registry} is unavailable: {detail}")]
+    Unavailable {
+        reference: String,
+        registry: String,
+        detail: String,
+    },
+    #[error("{reference}: the registry sent an invalid {what}: {detail}")]
+    Invalid {
+        reference: String,
+        what: &'static str,
+        detail: String,
+    },
+    #[error(
+        "{reference}: {what} digest mismatch: expected {expected}, got {actual}; nothing was stored"
+    )]
+    DigestMismatch {
+        reference: String,
+        what: &'static str,
+        expected: String,
+        actual: String,
+    },
+    #[error("{reference}: {what} {digest} is larger than {limit} bytes")]
+    TooLarge {
+        reference: String,
+        what: &'static str,
+        digest: String,
+        limit: u64,
+    },
+    #[error("{reference}: {what} {digest} is {actual} bytes but its descriptor says {expected}")]
+    SizeMismatch {
+        reference: String,
+        what: &'static str,
+        digest: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("failed to {op} {path}: {err}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        err: std::io::Error,
+    },
+}
+
+impl RegistryError {
+    pub(crate) fn kind(&self) -> crate::ErrorKind {
+        use crate::ErrorKind as K;
+        match self {
+            RegistryError::NotFound { .. } => K::NotFound,
+            RegistryError::Unauthorized { .. } => K::Unauthorized,
+            RegistryError::Unavailable { .. } => K::Unavailable,
+            RegistryError::Io { .. } => K::Internal,
+            RegistryError::Invalid { .. }
+            | RegistryError::DigestMismatch { .. }
+            | RegistryError::TooLarge { .. }
+            | RegistryError::SizeMismatch { .. } => K::Corrupt,
+        }
+    }
+}
+
+/// A repository in a registry plus the normalized reference used in messages.
+#[derive(Debug, Clone)]
+pub(crate) struct Repo {
+    pub registry: String,
+    pub repository: String,
+    pub reference: String,
+}
+
+/// Whether `registry` (`host[:port]`) may be spoken to over plain HTTP.
+pub(crate) fn plain_http_allowed(registry: &str, insecure: &[String]) -> bool {
+    let host = match registry.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => registry.split(':').next().unwrap_or(""),
+    };
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    loopback
+        || insecure
+            .iter()
+            .any(|i| i.eq_ignore_ascii_case(registry) || i.eq_ignore_ascii_case(host))
+}
+
+/// Renders an error with its sources, shortened.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let m = src.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = src.source();
+    }
+    truncate(&s)
+}
+
+/// Clients per (registry, credentials).
+pub(crate) struct Registries {
+    clients: Mutex<HashMap<String, Client>>,
+    insecure: Vec<String>,
+}
+
+impl Registries {
+    pub(crate) fn new(insecure: Vec<String>) -> Registries {
+        Registries {
+            clients: Mutex::new(HashMap::new()),
+            insecure,
+        }
+    }
+
+    fn client(
+        &self,
+        repo: &Repo,
+        creds: &Credentials,
+    ) -> Result<(Client, RegistryAuth), RegistryError> {
+        let (auth, secret) = match creds {
+            Credentials::Anonymous => (RegistryAuth::Anonymous, String::new()),
+            Credentials::Basic { username, password } => (
+                RegistryAuth::Basic(username.clone(), password.clone()),
+                format!("basic\0{username}\0{password}"),
+            ),
+        };
+        // Only a hash of the credentials is kept as the key.
+        let key = format!("{}\0{}", repo.registry, Digest::of(secret.as_bytes()).hex());
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = clients.get(&key) {
+            return Ok((c.clone(), auth));
+        }
+        let protocol = if plain_http_allowed(&repo.registry, &self.insecure) {
+            ClientProtocol::Http
+        } else {
+            ClientProtocol::Https
+        };
+        let config = ClientConfig {
+            protocol,
+            platform_resolver: None,
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            read_timeout: Some(READ_TIMEOUT),
+            ..ClientConfig::default()
+        };
+        let client = Client::try_from(config).map_err(|e| RegistryError::Unavailable {
+            reference: repo.reference.clone(),
+            registry: repo.registry.clone(),
+            detail: format!("cannot set up the HTTP client: {}", chain(&e)),
+        })?;
+        if clients.len() >= MAX_CLIENTS {
+            clients.clear();
+        }
+        clients.insert(key, client.clone());
+        Ok((client, auth))
+    }
+
+    /// Fetches a manifest or index by tag or digest and verifies it against a pinned digest.
+    pub(crate) async fn manifest(
+        &self,
+        repo: &Repo,
+        creds: &Credentials,
+        tag: Option<&str>,
+        digest: Option<&Digest>,
+    ) -> Result<(Vec<u8>, Digest), RegistryError> {
+        let (client, auth) = self.client(repo, creds)?;
+        let reference = match digest {
+            Some(d) => Reference::with_digest(
+                repo.registry.clone(),
+                repo.repository.clone(),
+                d.to_string(),
+            ),
+            None => Reference::with_tag(
+                repo.registry.clone(),
+                repo.repository.clone(),
+                tag.unwrap_or("latest").to_owned(),
+            ),
+        };
+        tracing::debug!(reference = %repo.reference, manifest = %reference, "fetching manifest");
+        let (bytes, _) = client
+            .pull_manifest_raw(&reference, &auth, ACCEPTED_MANIFESTS)
+            .await
+            .map_err(|e| map_error(e, repo, "manifest"))?;
+        if bytes.len() as u64 > MAX_METADATA_BYTES {
+            return Err(RegistryError::TooLarge {
+                reference: repo.reference.clone(),
+                what: "manifest",
+                digest: digest.map_or_else(|| reference.to_string(), ToString::to_string),
+                limit: MAX_METADATA_BYTES,
+            });
+        }
+        let actual = Digest::of(&bytes);
+        if let Some(expected) = digest
+            && *expected != actual
+        {
+            return Err(RegistryError::DigestMismatch {
+                reference: repo.reference.clone(),
+                what: "manifest",
+                expected: expected.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        Ok((bytes.to_vec(), actual))
+    }
+
+    /// Downloads blob `digest` of `size` bytes into the new file `dest`, verifying size and
+    /// digest while writing, and syncs it. On error `dest` is removed.
+    pub(crate) async fn blob(
+        &self,
+        repo: &Repo,
+        creds: &Credentials,
+        what: &'static str,
+        digest: &Digest,
+        size: u64,
+        dest: &Path,
+    ) -> Result<(), RegistryError> {
+        let result = self.blob_inner(repo, creds, what, digest, size, dest).await;
+        if result.is_err() {
+            let _ = tokio::fs::remove_file(dest).await;
+        }
+        result
+    }
+
+    async fn blob_inner(
+        &self,
+        repo: &Repo,
+        creds: &Credentials,
+        what: &'static str,
+        digest: &Digest,
+        size: u64,
+        dest: &Path,
+    ) -> Result<(), RegistryError> {
+        let (client, auth) = self.client(repo, creds)?;
+        let reference = Reference::with_digest(
+            repo.registry.clone(),
+            repo.repository.clone(),
+            digest.to_string(),
+        );
+        client
+            .store_auth_if_needed(reference.resolve_registry(), &auth)
+            .await;
+        let digest_str = digest.to_string();
+        tracing::debug!(reference = %repo.reference, blob = %digest_str, size, "fetching blob");
+        // A bare digest as the descriptor: no `urls`, so only this registry is contacted.
+        let mut stream = client
+            .pull_blob_stream(&reference, digest_str.as_str())
+            .await
+            .map_err(|e| map_error(e, repo, what))?;
+        let too_large = |actual: u64| RegistryError::SizeMismatch {
+            reference: repo.reference.clone(),
+            what,
+            digest: digest_str.clone(),
+            expected: size,
+            actual,
+        };
+        if let Some(len) = stream.content_length
+            && len > size
+        {
+            return Err(too_large(len));
+        }
+        let io = |op: &'static str| {
+            let path = dest.to_owned();
+            move |err| RegistryError::Io { op, path, err }
+        };
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(dest)
+            .await
+            .map_err(io("create"))?;
+        let mut hasher = Hasher::default();
+        while let Some(chunk) = stream.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    // oci-client's own verification fails the stream at its end.
+                    let is_digest = e
+                        .get_ref()
+                        .is_some_and(|i| i.is::<oci_client::errors::DigestError>());
+                    if is_digest {
+                        return Err(RegistryError::DigestMismatch {
+                            reference: repo.reference.clone(),
+                            what,
+                            expected: digest_str.clone(),
+                            actual: hasher.finish().to_string(),
+                        });
+                    }
+                    return Err(RegistryError::Unavailable {
+                        reference: repo.reference.clone(),
+                        registry: repo.registry.clone(),
+                        detail: format!("download of {what} {digest_str} failed: {}", chain(&e)),
+                    });
+                }
+            };
+            hasher.update(&chunk);
+            if hasher.len() > size {
+                return Err(too_large(hasher.len()));
+            }
+            file.write_all(&chunk).await.map_err(io("write"))?;
+        }
+        if hasher.len() != size {
+            return Err(too_large(hasher.len()));
+        }
+        let actual = hasher.finish();
+        if actual != *digest {
+            return Err(RegistryError::DigestMismatch {
+                reference: repo.reference.clone(),
+                what,
+                expected: digest_str,
+                actual: actual.to_string(),
+            });
+        }
+        file.sync_all().await.map_err(io("sync"))?;
+        Ok(())
+    }
+}
+
+fn map_error(e: OciDistributionError, repo: &Repo, what: &'static str) -> RegistryError {
+    let reference = repo.reference.clone();
+    let unavailable = |detail: String| RegistryError::Unavailable {
+        reference: repo.reference.clone(),
+        registry: repo.registry.clone(),
+        detail,
+    };
+    match e {
+        OciDistributionError::UnauthorizedError { .. } => RegistryError::Unauthorized {
+            reference,
+            detail: "HTTP 401".into(),
+        },
+        OciDistributionError::AuthenticationFailure(reason) => RegistryError::Unauthorized {
+            reference,
+            detail: format!("token request refused: {}", truncate(reason.trim())),
+        },
+        OciDistributionError::RegistryError { envelope, .. } => {
+            let detail = truncate(
+                &envelope
+                    .errors
+                    .iter()
+                    .map(|e| format!("{:?}: {}", e.code, e.message))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            );
+            let has = |f: fn(&OciErrorCode) -> bool| envelope.errors.iter().any(|e| f(&e.code));
+            if has(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied)) {
+                RegistryError::Unauthorized { reference, detail }
+            } else if has(|c| {
+                matches!(
+                    c,
+                    OciErrorCode::ManifestUnknown
+                        | OciErrorCode::NameUnknown
+                        | OciErrorCode::BlobUnknown
+                        | OciErrorCode::NotFound
+                        | OciErrorCode::NameInvalid
+                        | OciErrorCode::TagInvalid
+                )
+            }) {
+                RegistryError::NotFound {
+                    reference,
+                    what,
+                    detail,
+                }
+            } else if has(|c| {
+                matches!(
+                    c,
+                    OciErrorCode::ManifestInvalid | OciErrorCode::DigestInvalid
+                )
+            }) {
+                RegistryError::Invalid {
+                    reference,
+                    what,
+                    detail,
+                }
+            } else {
+                unavailable(detail)
+            }
+        }
+        OciDistributionError::ServerError { code, message, .. } => {
+            let detail = format!("HTTP {code}: {}", truncate(message.trim()));
+            match code {
+                404 => RegistryError::NotFound {
+                    reference,
+                    what,
+                    detail,
+                },
+                401 | 403 => RegistryError::Unauthorized { reference, detail },
+                _ => unavailable(detail),
+            }
+        }
+        OciDistributionError::ImageManifestNotFoundError(m) => RegistryError::NotFound {
+            reference,
+            what,
+            detail: truncate(&m),
+        },
+        OciDistributionError::DigestError(d) => RegistryError::Invalid {
+            reference,
+            what,
+            detail: format!("digest verification failed: {}", chain(&d)),
+        },
+        e @ (OciDistributionError::ManifestParsingError(_)
+        | OciDistributionError::VersionedParsingError(_)
+        | OciDistributionError::UnsupportedMediaTypeError(_)
+        | OciDistributionError::UnsupportedSchemaVersionError(_)
+        | OciDistributionError::SpecViolationError(_)
+        | OciDistributionError::ManifestEncodingError(_)
+        | OciDistributionError::JsonError(_)) => RegistryError::Invalid {
+            reference,
+            what,
+            detail: chain(&e),
+        },
+        e => unavailable(chain(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_only_for_loopback_and_insecure() {
+        let insecure = vec![
+            "registry.internal:5000".to_owned(),
+            "plain.example".to_owned(),
+        ];
+        for r in [
+            "localhost",
+            "localhost:5000",
+            "127.0.0.1:5000",
+            "127.1.2.3",
+            "[::1]:5000",
+            "[::1]",
+        ] {
+            assert!(plain_http_allowed(r, &[]), "{r}");
+        }
+        for r in [
+            "index.docker.io",
+            "example.com:5000",
+            "10.0.0.1:5000",
+            "localhost.example.com",
+            "[2001:db8::1]:5000",
+        ] {
+            assert!(!plain_http_allowed(r, &insecure), "{r}");
+        }
+        assert!(plain_http_allowed("registry.internal:5000", &insecure));
+        assert!(!plain_http_allowed("registry.internal:5001", &insecure));
+        assert!(plain_http_allowed("plain.example:443", &insecure));
+    }
+
+    #[tokio::test]
+    async fn unreachable_registry_is_unavailable() {
+        // Nothing listens on port 1 of loopback.
+        let regs = Registries::new(Vec::new());
+        let repo = Repo {
+            registry: "127.0.0.1:1".into(),
+            repository: "fn".into(),
+            reference: "127.0.0.1:1/fn:latest".into(),
+        };
+        let creds = Credentials::Basic {
+            username: "user".into(),
+            password: "s3cret-password".into(),
+        };
+        let err = regs
+            .manifest(&repo, &creds, Some("latest"), None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Unavailable, "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("127.0.0.1:1/fn:latest") && !msg.contains("s3cret"),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,525 @@
+//! The content-addressed store under the cache root.
+//!
+//! ```text
+//! blobs/sha256/<hex>                        verified blobs (manifests, configs, compressed layers)
+//! layers/<owner-tag>/sha256/<diffid-hex>/   unpacked layer trees (overlay lower dirs)
+//! layers/<owner-tag>/sha256/<diffid-hex>.json   what the layer cost (bytes, entries)
+//! refs/<sha256 of the reference>            {"reference": ..., "digest": ...}
+//! tmp/<session>/                            in-progress files of one live process
+//! ```
+//!
+//! Everything is written under `tmp/`, synced and renamed into place, so a crash leaves
+//! either nothing or a complete entry. Each process holds an flock on its own session
+//! directory; at open, session directories whose lock is free (their process died) are
+//! removed, so several processes can share one cache root.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, RenameFlags, renameat2};
+use serde::{Deserialize, Serialize};
+
+use crate::digest::{Digest, truncate};
+use crate::unpack::{LayerStats, remove_tree};
+
+/// A store operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("failed to {op} {path}: {err}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        err: io::Error,
+    },
+    #[error("{what} digest mismatch: expected {expected}, got {actual}; nothing was stored")]
+    DigestMismatch {
+        what: &'static str,
+        expected: String,
+        actual: String,
+    },
+    #[error("{what} {digest} is {size} bytes, more than the limit of {limit} bytes")]
+    TooLarge {
+        what: &'static str,
+        digest: String,
+        size: u64,
+        limit: u64,
+    },
+    #[error("stored blob {digest} at {path} does not match its digest; it was removed")]
+    CorruptBlob { digest: String, path: PathBuf },
+    #[error("invalid layer owner: {0}")]
+    InvalidOwner(String),
+}
+
+impl StoreError {
+    pub(crate) fn kind(&self) -> crate::ErrorKind {
+        match self {
+            StoreError::Io { .. } | StoreError::InvalidOwner(_) => crate::ErrorKind::Internal,
+            _ => crate::ErrorKind::Corrupt,
+        }
+    }
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
+    let path = path.to_owned();
+    move |err| StoreError::Io { op, path, err }
+}
+
+#[derive(Serialize, Deserialize)]
+struct RefFile {
+    reference: String,
+    digest: String,
+}
+
+/// The store of one cache root for one layer owner.
+#[derive(Debug)]
+pub(crate) struct Store {
+    root: PathBuf,
+    blobs: PathBuf,
+    layers: PathBuf,
+    refs: PathBuf,
+    session: PathBuf,
+    _session_lock: Flock<File>,
+    counter: AtomicU64,
+}
+
+/// Creates `path` if missing and gives it `mode` (independent of the umask).
+fn ensure_dir(path: &Path, mode: u32) -> Result<(), StoreError> {
+    match fs::create_dir(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_err("create directory", path)(e)),
+    }
+    let meta = fs::metadata(path).map_err(io_err("inspect", path))?;
+    if !meta.is_dir() {
+        return Err(io_err("use directory", path)(io::Error::from(
+            io::ErrorKind::NotADirectory,
+        )));
+    }
+    if meta.permissions().mode() & 0o7777 != mode {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(io_err("chmod", path))?;
+    }
+    Ok(())
+}
+
+fn fsync_dir(path: &Path) -> Result<(), StoreError> {
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("sync directory", path))
+}
+
+fn lock(file: File, arg: FlockArg, path: &Path) -> Result<Option<Flock<File>>, StoreError> {
+    match Flock::lock(file, arg) {
+        Ok(l) => Ok(Some(l)),
+        Err((_, Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(io_err("lock", path)(e.into())),
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `root` for layers unpacked as `owner_tag`,
+    /// and removes the tmp/ leftovers of processes that are gone.
+    pub(crate) fn open(root: &Path, owner_tag: &str) -> Result<Store, StoreError> {
+        let existed = root.exists();
+        fs::create_dir_all(root).map_err(io_err("create cache directory", root))?;
+        let root = fs::canonicalize(root).map_err(io_err("resolve cache directory", root))?;
+        // The sandbox reads layer directories as another (mapped) uid: the path down to
+        // them must be traversable by others. A directory given to us is not chmod-ed
+        // (it could be /tmp); only the store's own directories are.
+        let root_mode = fs::metadata(&root)
+            .map_err(io_err("inspect", &root))?
+            .permissions()
+            .mode();
+        if !existed {
+            fs::set_permissions(&root, fs::Permissions::from_mode(0o755))
+                .map_err(io_err("chmod", &root))?;
+        } else if root_mode & 0o011 != 0o011 {
+            tracing::warn!(path = %root.display(), mode = format!("{:o}", root_mode & 0o7777), "cache directory is not traversable by other users; a sandbox with shifted ids cannot read its layers");
+        }
+        for (dir, mode) in [
+            (root.join("blobs"), 0o755),
+            (root.join("blobs/sha256"), 0o755),
+            (root.join("layers"), 0o755),
+            (root.join("layers").join(owner_tag), 0o755),
+            (root.join("layers").join(owner_tag).join("sha256"), 0o755),
+            (root.join("refs"), 0o755),
+            (root.join("tmp"), 0o700),
+        ] {
+            ensure_dir(&dir, mode)?;
+        }
+
+        let tmp = root.join("tmp");
+        let sweep_path = tmp.join(".sweep.lock");
+        let sweep_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&sweep_path)
+            .map_err(io_err("open", &sweep_path))?;
+        // Creating our session and sweeping dead ones happen under one exclusive lock, so a
+        // sweeper never sees a session directory before its owner has locked it.
+        let sweep_lock = lock(sweep_file, FlockArg::LockExclusive, &sweep_path)?;
+        static OPENED: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let n = OPENED.fetch_add(1, Ordering::Relaxed);
+        let session = tmp.join(format!("{}-{nanos}-{n}", std::process::id()));
+        ensure_dir(&session, 0o700)?;
+        let session_file = File::open(&session).map_err(io_err("open", &session))?;
+        let session_lock = lock(session_file, FlockArg::LockExclusiveNonblock, &session)?
+            .ok_or_else(|| io_err("lock", &session)(io::Error::from(io::ErrorKind::WouldBlock)))?;
+        sweep(&tmp, &session)?;
+        drop(sweep_lock);
+
+        Ok(Store {
+            blobs: root.join("blobs/sha256"),
+            layers: root.join("layers").join(owner_tag).join("sha256"),
+            refs: root.join("refs"),
+            root,
+            session,
+            _session_lock: session_lock,
+            counter: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// A fresh path in this process's tmp directory.
+    pub(crate) fn tmp_path(&self, what: &str) -> PathBuf {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        self.session.join(format!("{what}-{n}"))
+    }
+
+    pub(crate) fn blob_path(&self, digest: &Digest) -> PathBuf {
+        self.blobs.join(digest.hex())
+    }
+
+    pub(crate) fn has_blob(&self, digest: &Digest) -> bool {
+        fs::symlink_metadata(self.blob_path(digest)).is_ok_and(|m| m.is_file())
+    }
+
+    /// Reads a stored blob of at most `max` bytes and verifies it. A blob that does not
+    /// match its digest is removed (so the next pull fetches it again).
+    pub(crate) fn read_blob(
+        &self,
+        digest: &Digest,
+        what: &'static str,
+        max: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        let path = self.blob_path(digest);
+        let file = File::open(&path).map_err(io_err("open", &path))?;
+        let mut bytes = Vec::new();
+        file.take(max + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io_err("read", &path))?;
+        if bytes.len() as u64 > max {
+            return Err(StoreError::TooLarge {
+                what,
+                digest: digest.to_string(),
+                size: bytes.len() as u64,
+                limit: max,
+            });
+        }
+        if Digest::of(&bytes) != *digest {
+            let _ = fs::remove_file(&path);
+            return Err(StoreError::CorruptBlob {
+                digest: digest.to_string(),
+                path,
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Verifies `bytes` against `digest` and stores them.
+    pub(crate) fn write_blob(
+        &self,
+        digest: &Digest,
+        what: &'static str,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let actual = Digest::of(bytes);
+        if actual != *digest {
+            return Err(StoreError::DigestMismatch {
+                what,
+                expected: digest.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        if self.has_blob(digest) {
+            return Ok(());
+        }
+        let tmp = self.tmp_path("blob");
+        write_synced(&tmp, bytes)?;
+        self.commit_blob(&tmp, digest)
+    }
+
+    /// Moves a verified, synced file from tmp/ into the blob store.
+    pub(crate) fn commit_blob(&self, tmp: &Path, digest: &Digest) -> Result<(), StoreError> {
+        let dest = self.blob_path(digest);
+        fs::rename(tmp, &dest).map_err(io_err("store blob", &dest))?;
+        fsync_dir(&self.blobs)
+    }
+
+    pub(crate) fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
+        self.layers.join(diff_id.hex())
+    }
+
+    fn layer_stats_path(&self, diff_id: &Digest) -> PathBuf {
+        self.layers.join(format!("{}.json", diff_id.hex()))
+    }
+
+    /// The cost of an unpacked layer, or `None` if it is not unpacked.
+    pub(crate) fn layer_stats(&self, diff_id: &Digest) -> Option<LayerStats> {
+        if !fs::symlink_metadata(self.layer_dir(diff_id)).is_ok_and(|m| m.is_dir()) {
+            return None;
+        }
+        let path = self.layer_stats_path(diff_id);
+        match fs::read(&path).map(|b| serde_json::from_slice::<LayerStats>(&b)) {
+            Ok(Ok(stats)) => Some(stats),
+            _ => {
+                tracing::warn!(path = %path.display(), "unpacked layer has no readable size record; counting it as empty");
+                Some(LayerStats {
+                    bytes: 0,
+                    entries: 0,
+                })
+            }
+        }
+    }
+
+    /// Moves an unpacked tree from tmp/ into place. Returns false (and removes `tmp`) if
+    /// another task or process got there first.
+    pub(crate) fn commit_layer(
+        &self,
+        tmp: &Path,
+        diff_id: &Digest,
+        stats: LayerStats,
+    ) -> Result<bool, StoreError> {
+        // The size record goes first: a layer directory never exists without one.
+        let stats_tmp = self.tmp_path("layer-stats");
+        let json = serde_json::to_vec(&stats).unwrap_or_default();
+        write_synced(&stats_tmp, &json)?;
+        let stats_path = self.layer_stats_path(diff_id);
+        fs::rename(&stats_tmp, &stats_path).map_err(io_err("store", &stats_path))?;
+
+        let dest = self.layer_dir(diff_id);
+        let cwd = nix::fcntl::AT_FDCWD;
+        match renameat2(cwd, tmp, cwd, &dest, RenameFlags::RENAME_NOREPLACE) {
+            Ok(()) => {
+                fsync_dir(&self.layers)?;
+                Ok(true)
+            }
+            Err(Errno::EEXIST | Errno::ENOTEMPTY) => {
+                if let Err(e) = remove_tree(tmp) {
+                    tracing::warn!(path = %tmp.display(), error = %e, "failed to remove a duplicate unpacked layer");
+                }
+                Ok(false)
+            }
+            Err(e) => Err(io_err("store layer", &dest)(e.into())),
+        }
+    }
+
+    fn ref_path(&self, reference: &str) -> PathBuf {
+        self.refs.join(Digest::of(reference.as_bytes()).hex())
+    }
+
+    /// The manifest digest recorded for a normalized reference.
+    pub(crate) fn read_ref(&self, reference: &str) -> Option<Digest> {
+        let path = self.ref_path(reference);
+        let bytes = fs::read(&path).ok()?;
+        match serde_json::from_slice::<RefFile>(&bytes) {
+            Ok(r) if r.reference == reference => Digest::parse(&r.digest).ok(),
+            _ => {
+                tracing::warn!(path = %path.display(), "ignoring unreadable reference record");
+                None
+            }
+        }
+    }
+
+    /// Records (atomically) that `reference` resolves to `digest`.
+    pub(crate) fn write_ref(&self, reference: &str, digest: &Digest) -> Result<(), StoreError> {
+        let json = serde_json::to_vec(&RefFile {
+            reference: reference.to_owned(),
+            digest: digest.to_string(),
+        })
+        .unwrap_or_default();
+        let tmp = self.tmp_path("ref");
+        write_synced(&tmp, &json)?;
+        let dest = self.ref_path(reference);
+        fs::rename(&tmp, &dest).map_err(io_err("store reference", &dest))?;
+        fsync_dir(&self.refs)
+    }
+}
+
+/// Writes a new 0644 file and syncs it.
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(io_err("create", path))?;
+    f.write_all(bytes).map_err(io_err("write", path))?;
+    f.sync_all().map_err(io_err("sync", path))
+}
+
+/// Removes everything in `tmp` except `keep`, the sweep lock, and sessions still locked
+/// by a live process.
+fn sweep(tmp: &Path, keep: &Path) -> Result<(), StoreError> {
+    let entries = fs::read_dir(tmp).map_err(io_err("list", tmp))?;
+    for entry in entries {
+        let entry = entry.map_err(io_err("list", tmp))?;
+        let path = entry.path();
+        if path == keep || entry.file_name() == ".sweep.lock" {
+            continue;
+        }
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir {
+            let Ok(f) = File::open(&path) else { continue };
+            match lock(f, FlockArg::LockExclusiveNonblock, &path) {
+                Ok(Some(_held)) => {}
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot check a tmp/ session");
+                    continue;
+                }
+            }
+        }
+        tracing::debug!(path = %path.display(), "removing leftover from tmp/");
+        if let Err(e) = remove_tree(&path) {
+            tracing::warn!(path = %path.display(), error = %truncate(&e.to_string()), "failed to remove a tmp/ leftover");
+        }
+    }
+    Ok(())
+}
+
+/// Per-key async locks, so one task fetches or unpacks a given blob or layer while the
+/// others wait and then find it present.
+#[derive(Default, Debug)]
+pub(crate) struct KeyedLocks {
+    map: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+impl KeyedLocks {
+    pub(crate) async fn lock(&self, key: String) -> tokio::sync::OwnedMutexGuard<()> {
+        let mutex = {
+            let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+            map.retain(|_, w| w.strong_count() > 0);
+            match map.get(&key).and_then(Weak::upgrade) {
+                Some(m) => m,
+                None => {
+                    let m = Arc::new(tokio::sync::Mutex::new(()));
+                    map.insert(key, Arc::downgrade(&m));
+                    m
+                }
+            }
+        };
+        mutex.lock_owned().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blobs_are_verified_and_refs_round_trip() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(&tmp.path().join("cache"), "id").unwrap();
+        let d = Digest::of(b"hello");
+        let wrong = Digest::of(b"other");
+        let err = store.write_blob(&wrong, "blob", b"hello").unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Corrupt);
+        assert!(!store.has_blob(&wrong));
+        store.write_blob(&d, "blob", b"hello").unwrap();
+        assert_eq!(store.read_blob(&d, "blob", 100).unwrap(), b"hello");
+        assert!(matches!(
+            store.read_blob(&d, "blob", 2),
+            Err(StoreError::TooLarge { .. })
+        ));
+
+        // Corruption on disk is detected and the blob dropped.
+        fs::write(store.blob_path(&d), b"tampered").unwrap();
+        assert!(matches!(
+            store.read_blob(&d, "blob", 100),
+            Err(StoreError::CorruptBlob { .. })
+        ));
+        assert!(!store.has_blob(&d));
+
+        assert_eq!(store.read_ref("r/x:1"), None);
+        store.write_ref("r/x:1", &d).unwrap();
+        assert_eq!(store.read_ref("r/x:1"), Some(d));
+        let mode = fs::metadata(store.root().join("layers/id/sha256"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert_eq!(
+            fs::metadata(store.root()).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+
+        // An existing directory given as the root keeps its mode (it could be /tmp).
+        let shared = tmp.path().join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        Store::open(&shared, "id").unwrap();
+        assert_eq!(
+            fs::metadata(&shared).unwrap().permissions().mode() & 0o7777,
+            0o1777
+        );
+    }
+
+    #[test]
+    fn open_sweeps_dead_sessions_but_not_live_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("cache");
+        let first = Store::open(&root, "id").unwrap();
+        let live = first.tmp_path("blob");
+        fs::write(&live, b"in progress").unwrap();
+        // A dead session (no lock holder) with a read-only directory inside.
+        let dead = root.join("tmp/1-1");
+        fs::create_dir_all(dead.join("layer/ro")).unwrap();
+        fs::set_permissions(dead.join("layer/ro"), fs::Permissions::from_mode(0o555)).unwrap();
+        fs::write(root.join("tmp/stray"), b"x").unwrap();
+
+        let second = Store::open(&root, "id").unwrap();
+        assert!(!dead.exists());
+        assert!(!root.join("tmp/stray").exists());
+        assert!(live.exists(), "a live session must not be swept");
+        drop(first);
+        drop(second);
+        let _third = Store::open(&root, "id").unwrap();
+        assert!(!live.exists());
+    }
+
+    #[tokio::test]
+    async fn keyed_locks_serialize_one_key() {
+        let locks = Arc::new(KeyedLocks::default());
+        let g = locks.lock("a".into()).await;
+        let l2 = locks.clone();
+        let other = tokio::spawn(async move { l2.lock("b".into()).await });
+        other.await.unwrap();
+        let l3 = locks.clone();
+        let mut same = tokio::spawn(async move {
+            let _g = l3.lock("a".into()).await;
+        });
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), &mut same)
+                .await
+                .is_err()
+        );
+        drop(g);
+        same.await.unwrap();
+    }
+}

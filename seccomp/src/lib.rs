@@ -1,0 +1,1 @@
+//! The default seccomp profile (filled in by the sandbox hardening work).
