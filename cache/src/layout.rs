@@ -15,7 +15,7 @@ use crate::manifest::{
 pub enum LayoutError {
     #[error("{path} is not an OCI image layout: {reason}")]
     NotLayout { path: PathBuf, reason: String },
-    #[error("OCI layout {path} has no manifest tagged \"{tag}\" (tags: {available})")]
+    #[error("tag \"{tag}\" not found in OCI layout {path} (tags: {available})")]
     TagNotFound {
         path: PathBuf,
         tag: String,

@@ -1,0 +1,301 @@
+//! Command-line flags, and building the cache, sandbox and runner from them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use fnrun_cache::{Cache, CacheConfig, LayerOwner};
+use fnrun_sandbox::{IdMap, Sandbox, SandboxConfig};
+
+use crate::runner::Runner;
+
+/// A rootless container function runner for Crossplane composition functions.
+#[derive(Debug, Parser)]
+#[command(name = "fnrun", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the v1alpha1 ContainerizedFunctionRunnerService.
+    #[command(visible_alias = "start")]
+    Serve(ServeArgs),
+    /// Run one function and print its output FunctionIO.
+    Run(RunArgs),
+    /// Prefetch images into the cache.
+    Pull(PullArgs),
+}
+
+/// Flags for the image cache and registries.
+#[derive(Debug, Clone, Args)]
+pub struct CacheArgs {
+    /// Cache directory [default: $FNRUN_CACHE_DIR, else /var/cache/fnrun as
+    /// root, else $XDG_CACHE_HOME/fnrun].
+    #[arg(long, env = "FNRUN_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Default registry for unqualified image references.
+    #[arg(long, default_value = fnrun_cache::DOCKER_HUB)]
+    pub registry: String,
+    /// A registry (HOST[:PORT]) that may be reached over plain HTTP. Loopback
+    /// registries always may.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registries: Vec<String>,
+    /// Largest unpacked size of one image.
+    #[arg(long, default_value = "4Gi", value_parser = parse_size)]
+    pub max_image_bytes: u64,
+}
+
+/// Flags for the sandbox.
+#[derive(Debug, Clone, Args)]
+pub struct SandboxArgs {
+    /// First host uid of the 65536 ids mapped into sandboxes (privileged runner).
+    #[arg(long, default_value_t = 100000)]
+    pub map_root_uid: u32,
+    /// First host gid of the 65536 ids mapped into sandboxes (privileged runner).
+    #[arg(long, default_value_t = 100000)]
+    pub map_root_gid: u32,
+    /// Most bytes of stdout a function may write.
+    #[arg(long, default_value = "100Mi", value_parser = parse_size)]
+    pub max_output_bytes: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to serve on: unix:PATH, unix-abstract:NAME or HOST:PORT. Repeatable.
+    #[arg(
+        long = "listen",
+        default_value = "unix-abstract:crossplane/fn/default.sock"
+    )]
+    pub listen: Vec<String>,
+    /// Runs at once [default: 4 per core].
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Permissions of unix sockets (octal); never world-writable.
+    #[arg(long, default_value = "0660", value_parser = parse_mode)]
+    pub socket_mode: u32,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PullPolicyArg {
+    #[value(name = "IfNotPresent", alias = "if-not-present")]
+    IfNotPresent,
+    #[value(name = "Always", alias = "always")]
+    Always,
+    #[value(name = "Never", alias = "never")]
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum NetworkPolicyArg {
+    #[value(name = "Isolated", alias = "isolated")]
+    Isolated,
+    #[value(name = "Runner", alias = "runner")]
+    Runner,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Kill the function after this long (e.g. 30s, 500ms, 1m).
+    #[arg(long, default_value = "25s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[arg(long, value_enum, default_value_t = PullPolicyArg::IfNotPresent)]
+    pub image_pull_policy: PullPolicyArg,
+    #[arg(long, value_enum, default_value_t = NetworkPolicyArg::Isolated)]
+    pub network_policy: NetworkPolicyArg,
+    /// Memory limit (Kubernetes quantity, e.g. 128Mi).
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// CPU limit (Kubernetes quantity, e.g. 500m).
+    #[arg(long, value_parser = parse_cpu)]
+    pub cpu: Option<u64>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST] or oci:PATH[:TAG].
+    pub image: String,
+    /// The input FunctionIO file, or - for stdin.
+    #[arg(default_value = "-")]
+    pub input: String,
+}
+
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// Images to pull.
+    #[arg(required = true)]
+    pub images: Vec<String>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    fnrun_api::quantity::parse_memory(s).map_err(|e| e.to_string())
+}
+
+fn parse_cpu(s: &str) -> Result<u64, String> {
+    fnrun_api::quantity::parse_cpu_millis(s).map_err(|e| e.to_string())
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{s:?} is not an octal mode"))?;
+    if mode & 0o002 != 0 {
+        return Err(format!("{s} would make the socket world-writable"));
+    }
+    if mode > 0o777 {
+        return Err(format!("{s} is not a permission mode"));
+    }
+    Ok(mode)
+}
+
+/// `30s`, `500ms`, `1m`, `1m30s`, `2h`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration (e.g. 30s, 500ms, 1m)");
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let n_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let n: f64 = rest[..n_end].parse().map_err(|_| bad())?;
+        rest = &rest[n_end..];
+        let u_end = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..u_end] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        rest = &rest[u_end..];
+        total += Duration::try_from_secs_f64(n * unit).map_err(|_| bad())?;
+    }
+    Ok(total)
+}
+
+fn default_cache_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/var/cache/fnrun");
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join("fnrun")
+}
+
+/// Builds the runner from flags.
+pub fn build_runner(
+    cache: &CacheArgs,
+    sandbox: &SandboxArgs,
+    max_concurrency: usize,
+) -> anyhow::Result<Runner> {
+    let root = cache.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let id_map = IdMap::detect(sandbox.map_root_uid, sandbox.map_root_gid);
+    let owner = match id_map {
+        IdMap::Range {
+            host_uid,
+            host_gid,
+            size,
+        } => LayerOwner::Shift {
+            uid: host_uid,
+            gid: host_gid,
+            size,
+        },
+        IdMap::Own { .. } => LayerOwner::Identity,
+    };
+    let mut cache_config = CacheConfig::new(&root);
+    cache_config.default_registry = cache.registry.clone();
+    cache_config.insecure_registries = cache.insecure_registries.clone();
+    cache_config.owner = owner;
+    cache_config.max_image_bytes = cache.max_image_bytes;
+    let cache = Cache::open(cache_config)
+        .map_err(|e| anyhow::anyhow!("cannot open the cache at {}: {e}", root.display()))?;
+    let mut sandbox_config = SandboxConfig::new(root.join("mnt"), id_map);
+    sandbox_config.max_output_bytes = usize::try_from(sandbox.max_output_bytes)
+        .map_err(|_| anyhow::anyhow!("--max-output-bytes is too large"))?;
+    let sandbox = Sandbox::new(sandbox_config)
+        .map_err(|e| anyhow::anyhow!("cannot set up the sandbox: {e}"))?;
+    Ok(Runner::new(cache, sandbox, max_concurrency))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        for bad in ["", "soon", "5x", "s", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn socket_modes() {
+        assert_eq!(parse_mode("0660").unwrap(), 0o660);
+        assert_eq!(parse_mode("600").unwrap(), 0o600);
+        assert!(parse_mode("0666").is_err());
+        assert!(parse_mode("0777").is_err());
+        assert!(parse_mode("rw").is_err());
+    }
+
+    #[test]
+    fn cli_parses() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["fnrun", "start"]).unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!()
+        };
+        assert_eq!(s.listen, vec!["unix-abstract:crossplane/fn/default.sock"]);
+        let cli = Cli::try_parse_from([
+            "fnrun",
+            "run",
+            "--timeout",
+            "2s",
+            "--image-pull-policy",
+            "Never",
+            "img",
+            "in.yaml",
+        ])
+        .unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!()
+        };
+        assert_eq!(r.timeout, Duration::from_secs(2));
+        assert_eq!(r.input, "in.yaml");
+    }
+}

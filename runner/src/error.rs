@@ -1,0 +1,151 @@
+//! Every way a run can fail, and the one table that maps each to a gRPC code
+//! and a CLI exit code.
+
+use std::time::Duration;
+
+use fnrun_cache::ErrorKind as CacheKind;
+
+/// The class of a failure: what the caller should do about it.
+///
+/// The gRPC status code and the CLI exit code are both derived from it, in
+/// [`crate::service`] and [`crate::cli`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// The request is malformed.
+    InvalidArgument,
+    /// The image or tag does not exist.
+    NotFound,
+    /// The registry refused the credentials.
+    Unauthenticated,
+    /// The request cannot run on this host or with this cache state.
+    FailedPrecondition,
+    /// The function ran past its timeout.
+    DeadlineExceeded,
+    /// The function hit its memory limit, or the runner is at capacity.
+    ResourceExhausted,
+    /// The function failed: non-zero exit, bad output, output too large.
+    Aborted,
+    /// A dependency is unreachable (registry).
+    Unavailable,
+    /// Something broke that is not the caller's fault.
+    Internal,
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("input is not a FunctionIO: {0}")]
+    InvalidInput(#[source] fnrun_api::functionio::Error),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    Image(#[from] fnrun_cache::Error),
+    #[error("{0}")]
+    Sandbox(#[from] fnrun_sandbox::Error),
+    #[error("function exited with code {code}{}", stderr_suffix(.stderr))]
+    FunctionFailed { code: i32, stderr: String },
+    #[error("function was killed by signal {signal}{}", stderr_suffix(.stderr))]
+    FunctionKilled { signal: i32, stderr: String },
+    #[error("function ran past its timeout of {}{}", humantime(*.timeout), stderr_suffix(.stderr))]
+    TimedOut { timeout: Duration, stderr: String },
+    #[error("function exceeded its memory limit of {limit} bytes and was killed{}", stderr_suffix(.stderr))]
+    OutOfMemory { limit: u64, stderr: String },
+    #[error("function output exceeds the limit of {limit} bytes")]
+    OutputTooLarge { limit: usize },
+    #[error("function output is not a FunctionIO: {error}{}", stderr_suffix(.stderr))]
+    InvalidOutput {
+        #[source]
+        error: fnrun_api::functionio::Error,
+        stderr: String,
+    },
+}
+
+fn stderr_suffix(stderr: &str) -> String {
+    let s = stderr.trim();
+    if s.is_empty() {
+        String::new()
+    } else {
+        format!("; stderr: {s}")
+    }
+}
+
+/// `25s`, `1.5s`, `200ms`.
+pub fn humantime(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
+    }
+}
+
+impl RunError {
+    /// The failure class (see the table in SPEC.md).
+    pub fn class(&self) -> Class {
+        match self {
+            RunError::InvalidInput(_) | RunError::InvalidRequest(_) => Class::InvalidArgument,
+            RunError::Image(e) => match e.kind() {
+                CacheKind::InvalidReference => Class::InvalidArgument,
+                CacheKind::NotFound => Class::NotFound,
+                CacheKind::Unauthorized => Class::Unauthenticated,
+                CacheKind::NotCached => Class::FailedPrecondition,
+                CacheKind::Unavailable => Class::Unavailable,
+                CacheKind::Corrupt | CacheKind::Internal => Class::Internal,
+            },
+            RunError::Sandbox(e) => match e {
+                fnrun_sandbox::Error::InvalidSpec(_)
+                | fnrun_sandbox::Error::LimitUnavailable { .. } => Class::FailedPrecondition,
+                fnrun_sandbox::Error::Exec { .. } => Class::Aborted,
+                _ => Class::Internal,
+            },
+            RunError::FunctionFailed { .. }
+            | RunError::FunctionKilled { .. }
+            | RunError::OutputTooLarge { .. }
+            | RunError::InvalidOutput { .. } => Class::Aborted,
+            RunError::TimedOut { .. } => Class::DeadlineExceeded,
+            RunError::OutOfMemory { .. } => Class::ResourceExhausted,
+        }
+    }
+
+    /// A short outcome label for logs and metrics.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            RunError::InvalidInput(_) | RunError::InvalidRequest(_) => "invalid_request",
+            RunError::Image(_) => "image_error",
+            RunError::Sandbox(_) => "sandbox_error",
+            RunError::FunctionFailed { .. } | RunError::FunctionKilled { .. } => "function_failed",
+            RunError::TimedOut { .. } => "timeout",
+            RunError::OutOfMemory { .. } => "out_of_memory",
+            RunError::OutputTooLarge { .. } => "output_too_large",
+            RunError::InvalidOutput { .. } => "invalid_output",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_carry_the_stderr_tail() {
+        let e = RunError::FunctionFailed {
+            code: 3,
+            stderr: "boom\n".into(),
+        };
+        assert_eq!(e.to_string(), "function exited with code 3; stderr: boom");
+        assert_eq!(e.class(), Class::Aborted);
+        let e = RunError::TimedOut {
+            timeout: Duration::from_secs(25),
+            stderr: String::new(),
+        };
+        assert_eq!(e.to_string(), "function ran past its timeout of 25s");
+        assert_eq!(e.class(), Class::DeadlineExceeded);
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(humantime(Duration::from_millis(1500)), "1.500s");
+        assert_eq!(humantime(Duration::from_millis(200)), "200ms");
+    }
+}

@@ -1,0 +1,183 @@
+//! `fnrun`: a rootless container function runner for Crossplane composition
+//! functions. `main` only sets up logging, dispatches and prints the error.
+
+mod config;
+mod error;
+mod listen;
+mod runner;
+mod serve;
+mod service;
+mod user;
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use clap::Parser;
+use fnrun_cache::{Credentials, PullPolicy};
+use fnrun_sandbox::Network;
+
+use crate::config::{Cli, Command, LogFormat, NetworkPolicyArg, PullPolicyArg, RunArgs};
+use crate::error::Class;
+use crate::runner::RunRequest;
+
+/// Exit codes of `fnrun run` (SPEC.md).
+const EXIT_FAILED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_TIMEOUT: u8 = 124;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        // `run` prints the output FunctionIO and, on failure, one error line.
+        Command::Run(_) | Command::Pull(_) => "off",
+    };
+    init_logging(cli.log_format, default_level);
+    match cli.command {
+        Command::Serve(args) => match serve::serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                eprintln!("fnrun: {e:#}");
+                ExitCode::from(EXIT_FAILED)
+            }
+        },
+        Command::Run(args) => run(args),
+        Command::Pull(args) => pull(args),
+    }
+}
+
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let input = match read_input(&args.input) {
+        Ok(input) => input,
+        Err(e) => {
+            eprintln!("fnrun: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let runner = match config::build_runner(&args.cache, &args.sandbox, 1) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fnrun: {e:#}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    let mut req = RunRequest::new(args.image, input);
+    req.timeout = args.timeout;
+    req.memory_bytes = args.memory;
+    req.cpu_millis = args.cpu;
+    req.credentials = Credentials::Anonymous;
+    req.pull_policy = match args.image_pull_policy {
+        PullPolicyArg::IfNotPresent => PullPolicy::IfNotPresent,
+        PullPolicyArg::Always => PullPolicy::Always,
+        PullPolicyArg::Never => PullPolicy::Never,
+    };
+    req.network = match args.network_policy {
+        NetworkPolicyArg::Isolated => Network::Isolated,
+        NetworkPolicyArg::Runner => Network::Runner,
+    };
+    match current_thread_runtime().block_on(runner.run(req)) {
+        Ok(out) => {
+            let mut stdout = std::io::stdout().lock();
+            if stdout
+                .write_all(&out.output)
+                .and_then(|()| stdout.flush())
+                .is_err()
+            {
+                return ExitCode::from(EXIT_FAILED);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fnrun: {}", one_line(&e.to_string()));
+            ExitCode::from(exit_code(e.class()))
+        }
+    }
+}
+
+/// The exit code for each failure class.
+fn exit_code(class: Class) -> u8 {
+    match class {
+        Class::InvalidArgument => EXIT_USAGE,
+        Class::DeadlineExceeded => EXIT_TIMEOUT,
+        _ => EXIT_FAILED,
+    }
+}
+
+/// Error output is one line: the stderr tail of a function may have many.
+fn one_line(s: &str) -> String {
+    s.trim_end().replace('\n', "\\n")
+}
+
+fn read_input(path: &str) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    if path == "-" {
+        std::io::stdin().lock().read_to_end(&mut buf)?;
+    } else {
+        buf = std::fs::read(path)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot read {path}: {e}")))?;
+    }
+    Ok(buf)
+}
+
+fn pull(args: config::PullArgs) -> ExitCode {
+    let runner = match config::build_runner(&args.cache, &args.sandbox, 1) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fnrun: {e:#}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    let rt = current_thread_runtime();
+    let mut code = ExitCode::SUCCESS;
+    for image in &args.images {
+        let result = rt.block_on(async {
+            let reference = runner.cache().parse_reference(image)?;
+            runner
+                .cache()
+                .get(&reference, PullPolicy::Always, &Credentials::Anonymous)
+                .await
+        });
+        match result {
+            Ok(img) => println!("{} {}", img.reference, img.digest),
+            Err(e) => {
+                eprintln!("fnrun: {image}: {}", one_line(&e.to_string()));
+                code = ExitCode::from(EXIT_FAILED);
+            }
+        }
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_spec() {
+        assert_eq!(exit_code(Class::InvalidArgument), 2);
+        assert_eq!(exit_code(Class::DeadlineExceeded), 124);
+        assert_eq!(exit_code(Class::Aborted), 1);
+        assert_eq!(exit_code(Class::NotFound), 1);
+        assert_eq!(one_line("a\nb\n"), "a\\nb");
+    }
+}
