@@ -1,0 +1,124 @@
+//! The `fnrun` CLI as a user runs it.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tempfile::TempDir;
+
+use crate::fnrun_bin;
+use crate::process::{Finished, run_capture};
+use crate::user::TestUser;
+
+/// The longest the harness lets one CLI invocation run before killing it.
+pub const CLI_GUARD: Duration = Duration::from_secs(180);
+
+/// Runs `fnrun ARGS...` with `stdin` (or an empty stdin) and returns its exit
+/// code, stdout and stderr. Uses whatever cache the arguments or environment
+/// select; prefer [`Cli`], which gives every test its own cache.
+pub fn run_cli(args: &[&str], stdin: Option<&[u8]>) -> Finished {
+    run_capture(Command::new(fnrun_bin()).args(args), stdin, CLI_GUARD)
+}
+
+/// Subcommands that take `--cache-dir`.
+const CACHE_COMMANDS: &[&str] = &["run", "pull", "cache"];
+
+/// The CLI with its own cache dir (and scratch dir for input files), run as
+/// the current user or as an unprivileged one.
+pub struct Cli {
+    dir: TempDir,
+    user: Option<TestUser>,
+    env: Vec<(String, String)>,
+}
+
+impl Cli {
+    /// A CLI with a fresh, empty cache.
+    pub fn new() -> Result<Cli> {
+        let dir = tempfile::Builder::new()
+            .prefix("fnrun-cli-")
+            .tempdir()
+            .context("cannot create the CLI's temp dir")?;
+        std::fs::create_dir(dir.path().join("cache"))?;
+        Ok(Cli {
+            dir,
+            user: None,
+            env: Vec::new(),
+        })
+    }
+
+    /// A CLI that runs as `user` (rootless), with a cache it owns.
+    pub fn as_user(user: TestUser) -> Result<Cli> {
+        let mut cli = Cli::new()?;
+        user.chown(cli.dir.path())?;
+        user.chown(&cli.cache_dir())?;
+        cli.user = Some(user);
+        Ok(cli)
+    }
+
+    /// Adds an environment variable for every invocation.
+    pub fn env(&mut self, name: &str, value: &str) -> &mut Self {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// The `--cache-dir` this CLI passes.
+    pub fn cache_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("cache")
+    }
+
+    /// A scratch directory for the test's files (owned by the CLI's user).
+    pub fn scratch(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `contents` to a file in the scratch dir and returns its path.
+    pub fn write_file(&self, name: &str, contents: impl AsRef<[u8]>) -> Result<String> {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, contents)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        if let Some(user) = &self.user {
+            user.chown(&path)?;
+        }
+        Ok(path.display().to_string())
+    }
+
+    /// Runs `fnrun SUBCOMMAND [--cache-dir DIR] ARGS...` with `stdin`.
+    pub fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Finished {
+        let bin = fnrun_bin();
+        let mut cmd = match &self.user {
+            Some(user) => user.command(&bin),
+            None => Command::new(&bin),
+        };
+        if let Some((subcommand, rest)) = args.split_first() {
+            cmd.arg(subcommand);
+            if CACHE_COMMANDS.contains(subcommand) {
+                cmd.arg("--cache-dir").arg(self.cache_dir());
+            }
+            cmd.args(rest);
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("FNRUN_CACHE_DIR", self.cache_dir())
+            .current_dir(self.dir.path());
+        run_capture(&mut cmd, stdin, CLI_GUARD)
+    }
+}
+
+impl Finished {
+    /// A one-line summary plus the full output, for assertion messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "exit code {:?} (signal {:?}) after {:?}{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code,
+            self.signal,
+            self.elapsed,
+            if self.timed_out {
+                " (killed by the harness)"
+            } else {
+                ""
+            },
+            self.stdout,
+            self.stderr
+        )
+    }
+}

@@ -1,0 +1,385 @@
+//! Test images: busybox plus caller files, built with umoci and pushed with
+//! skopeo, exactly as a user would build a small function image.
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+use tempfile::TempDir;
+
+use crate::process::check_output;
+use crate::registry::Registry;
+use crate::user::is_root;
+
+/// The static busybox of Debian's `busybox-static` package.
+pub const BUSYBOX: &str = "/bin/busybox";
+
+/// Applets linked into `/bin` of every test image.
+pub const APPLETS: &[&str] = &[
+    "sh",
+    "cat",
+    "echo",
+    "printf",
+    "sleep",
+    "ls",
+    "ip",
+    "wc",
+    "head",
+    "tail",
+    "id",
+    "env",
+    "pwd",
+    "hostname",
+    "mount",
+    "grep",
+    "sed",
+    "cut",
+    "tr",
+    "sort",
+    "uniq",
+    "nc",
+    "wget",
+    "mkdir",
+    "rm",
+    "touch",
+    "test",
+    "true",
+    "false",
+    "yes",
+    "dd",
+    "stat",
+    "readlink",
+    "kill",
+    "ps",
+    "uname",
+    "whoami",
+    "tee",
+    "base64",
+    "sha256sum",
+    "timeout",
+    "find",
+    "chmod",
+    "ln",
+    "awk",
+    "xargs",
+];
+
+/// `/etc/passwd` of the test images: root, a user 1000 and nobody.
+const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
+                      fn:x:1000:1000:fn:/home/fn:/bin/sh\n\
+                      nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
+const GROUP: &str = "root:x:0:\nfn:x:1000:\nnobody:x:65534:\n";
+
+/// A file to put into an image.
+#[derive(Debug, Clone)]
+struct ImageFile {
+    path: String,
+    contents: Vec<u8>,
+    mode: u32,
+}
+
+/// A busybox image being described; [`TestImage::build`] makes it.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct TestImage {
+    tag: String,
+    files: Vec<ImageFile>,
+    dirs: Vec<(String, u32)>,
+    entrypoint: Option<Vec<String>>,
+    cmd: Option<Vec<String>>,
+    env: Vec<String>,
+    workdir: Option<String>,
+    user: Option<String>,
+}
+
+impl TestImage {
+    /// busybox with its applets in `/bin`, a small `/etc/passwd`, `/tmp` and
+    /// `PATH=/bin`; no entrypoint yet.
+    pub fn busybox() -> TestImage {
+        TestImage {
+            tag: "latest".to_owned(),
+            files: Vec::new(),
+            dirs: Vec::new(),
+            entrypoint: None,
+            cmd: None,
+            env: vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_owned()],
+            workdir: None,
+            user: None,
+        }
+    }
+
+    /// busybox whose entrypoint is `/bin/cat`: output = input.
+    pub fn echo() -> TestImage {
+        TestImage::busybox().entrypoint(["/bin/cat"])
+    }
+
+    /// busybox that runs `script` with `/bin/sh` as `/fn.sh`.
+    pub fn script(script: &str) -> TestImage {
+        TestImage::busybox()
+            .file("/fn.sh", script, 0o755)
+            .entrypoint(["/bin/sh", "/fn.sh"])
+    }
+
+    /// The tag inside the OCI layout (default `latest`).
+    pub fn tag(mut self, tag: &str) -> Self {
+        tag.clone_into(&mut self.tag);
+        self
+    }
+
+    /// Adds a file (absolute path inside the image) with `mode`.
+    pub fn file(mut self, path: &str, contents: impl AsRef<[u8]>, mode: u32) -> Self {
+        self.files.push(ImageFile {
+            path: path.to_owned(),
+            contents: contents.as_ref().to_vec(),
+            mode,
+        });
+        self
+    }
+
+    /// Adds a directory (absolute path inside the image) with `mode`.
+    pub fn dir(mut self, path: &str, mode: u32) -> Self {
+        self.dirs.push((path.to_owned(), mode));
+        self
+    }
+
+    /// Sets `config.Entrypoint`.
+    pub fn entrypoint<S: Into<String>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.entrypoint = Some(args.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Sets `config.Cmd`.
+    pub fn cmd<S: Into<String>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.cmd = Some(args.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Adds `NAME=VALUE` to `config.Env`.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push(format!("{name}={value}"));
+        self
+    }
+
+    /// Sets `config.WorkingDir` (the directory is not created; add it with
+    /// [`TestImage::dir`] if the image should have it).
+    pub fn workdir(mut self, dir: &str) -> Self {
+        self.workdir = Some(dir.to_owned());
+        self
+    }
+
+    /// Sets `config.User`, e.g. `1000:1000` or `fn`.
+    pub fn user(mut self, user: &str) -> Self {
+        self.user = Some(user.to_owned());
+        self
+    }
+
+    /// Builds the image into a fresh OCI layout with umoci.
+    pub fn build(self) -> Result<BuiltImage> {
+        let dir = tempfile::Builder::new()
+            .prefix("fnrun-image-")
+            .tempdir()
+            .context("cannot create the image's temp dir")?;
+        let layout = dir.path().join("layout");
+        let bundle = dir.path().join("bundle");
+        let image = format!("{}:{}", layout.display(), self.tag);
+
+        umoci(["init", "--layout"], [layout.as_os_str()])?;
+        umoci(["new", "--image", &image], [])?;
+        let mut unpack = Command::new("umoci");
+        unpack.arg("unpack");
+        if !is_root() {
+            unpack.arg("--rootless");
+        }
+        check_output(unpack.args(["--image", &image]).arg(&bundle))?;
+
+        let rootfs = bundle.join("rootfs");
+        self.populate(&rootfs)?;
+
+        check_output(
+            Command::new("umoci")
+                .args(["repack", "--image", &image])
+                .arg(&bundle),
+        )?;
+
+        let mut config = Command::new("umoci");
+        config.args(["config", "--image", &image]);
+        // `umoci new` gives an empty config; make sure nothing is inherited.
+        config.args([
+            "--clear=config.env",
+            "--clear=config.entrypoint",
+            "--clear=config.cmd",
+        ]);
+        for e in &self.env {
+            config.arg(format!("--config.env={e}"));
+        }
+        for arg in self.entrypoint.iter().flatten() {
+            config.arg(format!("--config.entrypoint={arg}"));
+        }
+        for arg in self.cmd.iter().flatten() {
+            config.arg(format!("--config.cmd={arg}"));
+        }
+        if let Some(dir) = &self.workdir {
+            config.arg(format!("--config.workingdir={dir}"));
+        }
+        if let Some(user) = &self.user {
+            config.arg(format!("--config.user={user}"));
+        }
+        check_output(&mut config)?;
+        check_output(Command::new("umoci").args(["gc", "--layout"]).arg(&layout))?;
+        // The bundle is only a staging area.
+        remove_tree(&bundle)?;
+
+        Ok(BuiltImage {
+            dir,
+            layout,
+            tag: self.tag,
+        })
+    }
+
+    /// Builds the image and pushes it to `registry` as `repo` (`name:tag`);
+    /// returns the full reference `ADDR/name:tag`. Panics on failure: a test
+    /// cannot go on without its image.
+    pub fn push_to(self, registry: &Registry, repo: &str) -> String {
+        let image = self
+            .build()
+            .unwrap_or_else(|e| panic!("cannot build the image for {repo}: {e:#}"));
+        image
+            .push(registry, repo)
+            .unwrap_or_else(|e| panic!("cannot push {repo}: {e:#}"))
+    }
+
+    fn populate(&self, rootfs: &Path) -> Result<()> {
+        let bin = rootfs.join("bin");
+        fs::create_dir_all(&bin)?;
+        fs::copy(BUSYBOX, bin.join("busybox")).with_context(|| {
+            format!("cannot copy {BUSYBOX} (install the busybox-static package)")
+        })?;
+        fs::set_permissions(bin.join("busybox"), fs::Permissions::from_mode(0o755))?;
+        for applet in APPLETS {
+            symlink("busybox", bin.join(applet))?;
+        }
+        let etc = rootfs.join("etc");
+        fs::create_dir_all(&etc)?;
+        write_mode(&etc.join("passwd"), PASSWD.as_bytes(), 0o644)?;
+        write_mode(&etc.join("group"), GROUP.as_bytes(), 0o644)?;
+        let tmp = rootfs.join("tmp");
+        fs::create_dir_all(&tmp)?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777))?;
+        for (dir, mode) in &self.dirs {
+            let path = inside(rootfs, dir);
+            fs::create_dir_all(&path)?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(*mode))?;
+        }
+        for file in &self.files {
+            let path = inside(rootfs, &file.path);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            write_mode(&path, &file.contents, file.mode)?;
+        }
+        Ok(())
+    }
+}
+
+fn umoci<'a>(
+    args: impl IntoIterator<Item = &'a str>,
+    paths: impl IntoIterator<Item = &'a std::ffi::OsStr>,
+) -> Result<String> {
+    check_output(Command::new("umoci").args(args).args(paths))
+}
+
+fn inside(rootfs: &Path, path: &str) -> PathBuf {
+    rootfs.join(path.trim_start_matches('/'))
+}
+
+fn write_mode(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot chmod {}", path.display()))
+}
+
+/// Removes a tree, making read-only directories writable first (rootless
+/// unpacks can leave them so).
+fn remove_tree(path: &Path) -> Result<()> {
+    if fs::remove_dir_all(path).is_ok() {
+        return Ok(());
+    }
+    check_output(Command::new("chmod").arg("-R").arg("u+rwX").arg(path))?;
+    fs::remove_dir_all(path).with_context(|| format!("cannot remove {}", path.display()))
+}
+
+/// An image in an OCI layout on disk; the layout is removed on drop.
+#[derive(Debug)]
+pub struct BuiltImage {
+    dir: TempDir,
+    layout: PathBuf,
+    tag: String,
+}
+
+impl BuiltImage {
+    /// The OCI image layout directory.
+    pub fn layout(&self) -> &Path {
+        &self.layout
+    }
+
+    /// The tag inside the layout.
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// The `oci:PATH:TAG` reference of this image, for `fnrun run`.
+    pub fn oci_ref(&self) -> String {
+        format!("oci:{}:{}", self.layout.display(), self.tag)
+    }
+
+    /// Writes the layout as a tar (an `oci-archive:`) and returns the
+    /// `oci-archive:PATH:TAG` reference.
+    pub fn oci_archive(&self) -> Result<String> {
+        let archive = self.dir.path().join("image.tar");
+        if !archive.exists() {
+            check_output(
+                Command::new("tar")
+                    .arg("-C")
+                    .arg(&self.layout)
+                    .arg("-cf")
+                    .arg(&archive)
+                    .arg("."),
+            )?;
+        }
+        Ok(format!("oci-archive:{}:{}", archive.display(), self.tag))
+    }
+
+    /// Makes the layout readable by everyone (for a daemon running as another
+    /// user). The temp dir itself is 0700 by default.
+    pub fn share(&self) -> Result<()> {
+        check_output(
+            Command::new("chmod")
+                .arg("-R")
+                .arg("a+rX")
+                .arg(self.dir.path()),
+        )?;
+        Ok(())
+    }
+
+    /// Pushes the image to `registry` as `repo` (`name:tag`) and returns the full
+    /// reference `ADDR/name:tag`.
+    pub fn push(&self, registry: &Registry, repo: &str) -> Result<String> {
+        let reference = registry.reference(repo);
+        let mut cmd = Command::new("skopeo");
+        cmd.args([
+            "--insecure-policy",
+            "copy",
+            "--quiet",
+            "--dest-tls-verify=false",
+        ]);
+        if let Some((user, password)) = registry.credentials() {
+            cmd.arg(format!("--dest-creds={user}:{password}"));
+        }
+        cmd.arg(format!("oci:{}:{}", self.layout.display(), self.tag))
+            .arg(format!("docker://{reference}"));
+        check_output(&mut cmd).with_context(|| format!("cannot push {reference}"))?;
+        Ok(reference)
+    }
+}
