@@ -12,10 +12,20 @@
 //!   every process until the function exits. It then reports the function's wait
 //!   status and exits, which makes the kernel kill whatever else is left in the
 //!   PID namespace (background and `setsid` children included).
-//! - PID 2 is the function: it takes its stdio, drops every privilege and execs.
+//! - PID 2 is the function: it takes its stdio, drops every privilege (empty
+//!   capability sets including the bounding set, no_new_privs, locked
+//!   securebits), sets its resource limits, installs the seccomp filter last and
+//!   execs.
+//!
+//! Init's [`Step`]s after pivot_root also hide what a function must not see or
+//! change: masked `/proc` and `/sys` paths, read-only `/proc/sys` and friends, a
+//! read-only `/sys` and `/dev`, and a new session without a controlling
+//! terminal. `docs/sandbox.md` lists the whole sequence and why each step is
+//! there.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
+use std::sync::Arc;
 
 use nix::errno::Errno;
 
@@ -50,6 +60,16 @@ pub enum Step {
     Hostname { name: CString },
     /// Brings up `lo` in a new network namespace.
     LoopbackUp,
+    /// Hides a path: `/dev/null` bound over a file, an empty read-only tmpfs
+    /// over a directory. A path that does not exist is skipped.
+    Mask { path: CString },
+    /// Bind-mounts a path onto itself and makes the bind read-only. A path
+    /// that does not exist is skipped.
+    BindReadOnly { path: CString },
+    /// Makes the mount at `path` read-only, keeping its other flags.
+    RemountReadOnly { path: CString },
+    /// Starts a new session (and process group) without a controlling terminal.
+    NewSession,
 }
 
 impl Step {
@@ -79,6 +99,10 @@ impl Step {
             Step::Rmdir { path } => format!("rmdir {}", s(path)),
             Step::Hostname { .. } => "set hostname".to_owned(),
             Step::LoopbackUp => "bring up the loopback interface".to_owned(),
+            Step::Mask { path } => format!("mask {}", s(path)),
+            Step::BindReadOnly { path } => format!("bind {} read-only", s(path)),
+            Step::RemountReadOnly { path } => format!("remount {} read-only", s(path)),
+            Step::NewSession => "start a new session".to_owned(),
         }
     }
 
@@ -109,8 +133,45 @@ impl Step {
             Step::Rmdir { path } => sys::rmdir(path),
             Step::Hostname { name } => sys::sethostname(name),
             Step::LoopbackUp => sys::loopback_up(),
+            Step::Mask { path } => {
+                match sys::mount(Some(c"/dev/null"), path, None, libc::MS_BIND, None) {
+                    Ok(()) | Err(Errno::ENOENT) => Ok(()),
+                    // A directory: binding a file over it fails with ENOTDIR.
+                    Err(Errno::ENOTDIR) => sys::mount(
+                        Some(c"tmpfs"),
+                        path,
+                        Some(c"tmpfs"),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        Some(c"mode=0555"),
+                    ),
+                    Err(e) => Err(e),
+                }
+            }
+            Step::BindReadOnly { path } => {
+                match sys::mount(Some(path), path, None, libc::MS_BIND | libc::MS_REC, None) {
+                    Ok(()) => remount_read_only(path),
+                    Err(Errno::ENOENT) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            Step::RemountReadOnly { path } => remount_read_only(path),
+            Step::NewSession => sys::setsid(),
         }
     }
+}
+
+/// A read-only bind remount. It must repeat the mount's nosuid, nodev, noexec
+/// and atime flags: in a user namespace those are locked when they come from a
+/// more privileged mount, and dropping one fails with EPERM.
+fn remount_read_only(path: &CStr) -> sys::SysResult<()> {
+    let flags = sys::mount_flags(path)?;
+    sys::mount(
+        None,
+        path,
+        None,
+        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | flags,
+        None,
+    )
 }
 
 /// Stages of the function process after init forked it, for error messages.
@@ -123,10 +184,13 @@ pub enum ExecStage {
     NoNewPrivs,
     DropBounding,
     ClearAmbient,
+    SecureBits,
     SetGroups,
     SetGid,
     SetUid,
     DropCaps,
+    Rlimits,
+    Seccomp,
     Exec,
 }
 
@@ -140,10 +204,13 @@ impl ExecStage {
             NoNewPrivs,
             DropBounding,
             ClearAmbient,
+            SecureBits,
             SetGroups,
             SetGid,
             SetUid,
             DropCaps,
+            Rlimits,
+            Seccomp,
             Exec,
         ]
         .get(v as usize)
@@ -158,10 +225,13 @@ impl ExecStage {
             ExecStage::NoNewPrivs => "set no_new_privs",
             ExecStage::DropBounding => "drop the capability bounding set",
             ExecStage::ClearAmbient => "clear ambient capabilities",
+            ExecStage::SecureBits => "lock the securebits",
             ExecStage::SetGroups => "set supplementary groups",
             ExecStage::SetGid => "set the group id",
             ExecStage::SetUid => "set the user id",
             ExecStage::DropCaps => "drop capabilities",
+            ExecStage::Rlimits => "set resource limits",
+            ExecStage::Seccomp => "install the seccomp filter",
             ExecStage::Exec => "execute the entrypoint",
         }
     }
@@ -197,6 +267,8 @@ pub struct Plan {
     pub env: Vec<CString>,
     /// Highest capability number of the running kernel.
     pub last_cap: u32,
+    /// The seccomp program installed last before exec; `None` runs unconfined.
+    pub seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>,
 }
 
 /// NULL-terminated pointer arrays into a [`Plan`]'s strings.
@@ -331,6 +403,25 @@ pub fn init_main(plan: &Plan, ptrs: &ExecPointers) -> ! {
     }
 }
 
+/// SECBIT_NOROOT, SECBIT_NO_CAP_AMBIENT_RAISE, and the locks of those and of
+/// SECBIT_NO_SETUID_FIXUP and SECBIT_KEEP_CAPS (both left off: a change of uid
+/// away from 0 still clears every capability).
+const SECUREBITS: libc::c_ulong = (libc::SECBIT_NOROOT
+    | libc::SECBIT_NOROOT_LOCKED
+    | libc::SECBIT_NO_SETUID_FIXUP_LOCKED
+    | libc::SECBIT_KEEP_CAPS_LOCKED
+    | libc::SECBIT_NO_CAP_AMBIENT_RAISE
+    | libc::SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED) as libc::c_ulong;
+
+/// Resource limits of the function: soft and hard limit set to the smaller of
+/// this value and the current hard limit. Enough descriptors for any server
+/// (as container runtimes give), and no core dumps (they would fill the run's
+/// writable layer).
+const RLIMITS: [(libc::c_int, u64); 2] = [
+    (libc::RLIMIT_NOFILE as libc::c_int, 1 << 20),
+    (libc::RLIMIT_CORE as libc::c_int, 0),
+];
+
 fn fail_exec(plan: &Plan, stage: ExecStage, err: Errno) -> ! {
     report(plan.report_write, REPORT_EXEC, stage as u32, err as i32);
     sys::exit(127)
@@ -386,6 +477,12 @@ fn function_main(plan: &Plan, ptrs: &ExecPointers) -> ! {
     {
         fail_exec(plan, ClearAmbient, Errno::last());
     }
+    // Root gains no capability from exec (SECBIT_NOROOT) whatever the bounding
+    // set, and none of these bits can be changed again. Belt and braces: the
+    // bounding set is empty and no_new_privs is set already.
+    if let Err(e) = sys::prctl(libc::PR_SET_SECUREBITS, SECUREBITS) {
+        fail_exec(plan, SecureBits, e);
+    }
     if plan.can_setgroups {
         if let Err(e) = sys::setgroups(&plan.groups) {
             fail_exec(plan, SetGroups, e);
@@ -399,6 +496,29 @@ fn function_main(plan: &Plan, ptrs: &ExecPointers) -> ! {
     }
     if let Err(e) = sys::capset_none() {
         fail_exec(plan, DropCaps, e);
+    }
+    for (resource, most) in RLIMITS {
+        if let Err(e) = sys::getrlimit(resource).and_then(|old| {
+            // Never above the hard limit: raising it needs CAP_SYS_RESOURCE
+            // in the initial user namespace.
+            let limit = most.min(old.rlim_max);
+            sys::setrlimit(
+                resource,
+                libc::rlimit64 {
+                    rlim_cur: limit,
+                    rlim_max: limit,
+                },
+            )
+        }) {
+            fail_exec(plan, Rlimits, e);
+        }
+    }
+    // Last, so that nothing above needs to be allowed by the filter: from here
+    // on only execve (and, on failure, write and exit_group) run.
+    if let Some(program) = &plan.seccomp {
+        if let Err(e) = sys::seccomp_filter(program) {
+            fail_exec(plan, Seccomp, e);
+        }
     }
     let mut err = Errno::ENOENT;
     for path in &plan.exec_paths {

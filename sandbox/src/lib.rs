@@ -3,22 +3,30 @@
 //! [`Sandbox::run`] clones a child into new user, mount, PID, IPC, UTS, cgroup
 //! and (for [`Network::Isolated`]) network namespaces, maps ids, builds a root
 //! filesystem from read-only layer directories with a throwaway writable layer,
-//! pivots into it, drops every privilege and execs the function. The caller's
-//! input is written to its stdin while stdout and stderr are read, so no size of
-//! either deadlocks; the timeout kills every process of the run.
+//! pivots into it, hides or write-protects the sensitive parts of `/proc`,
+//! `/sys` and `/dev`, drops every privilege, installs the seccomp filter of
+//! [`SandboxConfig::seccomp`] (by default `fnrun_seccomp`'s profile) and execs
+//! the function. The caller's input is written to its stdin while stdout and
+//! stderr are read, so no size of either deadlocks; the timeout kills every
+//! process of the run. Memory, CPU and pids [`Limits`] are enforced by a
+//! cgroup per run (v1 or v2, see [`cgroup`]); [`Sandbox::limit_support`] says
+//! what this host can enforce.
 //!
 //! The spawn is built directly on raw system calls (see [`child`] and [`sys`]):
 //! all the child needs is prepared before clone, so it is safe to call from a
 //! multi-threaded tokio runtime. `docs/sandbox.md` walks through the sequence.
 
+pub mod cgroup;
 mod child;
 mod idmap;
+mod limits;
 mod stdio;
 mod sys;
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -26,9 +34,11 @@ use nix::fcntl::OFlag;
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus};
 use tokio::io::unix::AsyncFd;
 
+pub use crate::cgroup::{CgroupBase, CgroupConfig, Version as CgroupVersion};
 use crate::child::{ExecPointers, Plan};
 pub use crate::child::{ExecStage, Step};
 pub use crate::idmap::IdMap;
+pub use crate::limits::{Enforcement, LimitSupport, Limits};
 
 /// Network access of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,6 +68,19 @@ pub struct SandboxConfig {
     pub writable_bytes: u64,
     /// The sandbox's hostname.
     pub hostname: String,
+    /// The seccomp program installed in the function right before exec
+    /// (see `fnrun_seccomp`). `None` runs functions unconfined: only for
+    /// operators who choose that explicitly.
+    pub seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>,
+    /// The pids limit of runs that do not ask for one (0: none). Always
+    /// enforced: by the pids cgroup controller, else by `RLIMIT_NPROC` in the
+    /// run's user namespace (see [`LimitSupport`]).
+    pub default_pids_limit: u64,
+    /// Run anyway, with a warning, when a requested limit cannot be enforced
+    /// on this host, instead of failing with [`Error::LimitUnavailable`].
+    pub best_effort_limits: bool,
+    /// Where the cgroups of runs go.
+    pub cgroup: CgroupConfig,
 }
 
 impl SandboxConfig {
@@ -70,6 +93,12 @@ impl SandboxConfig {
             stderr_tail_bytes: 4096,
             writable_bytes: 1 << 30,
             hostname: "function".to_owned(),
+            seccomp: Some(Arc::new(fnrun_seccomp::default_program().expect(
+                "the built-in seccomp profile compiles (a unit test checks it)",
+            ))),
+            default_pids_limit: 1024,
+            best_effort_limits: false,
+            cgroup: CgroupConfig::default(),
         }
     }
 }
@@ -94,6 +123,8 @@ pub struct RunSpec {
     pub network: Network,
     /// The run is killed, with all its processes, after this long.
     pub timeout: Duration,
+    /// Memory, CPU and pids limits.
+    pub limits: Limits,
 }
 
 /// How a run ended.
@@ -107,6 +138,9 @@ pub enum Status {
     TimedOut,
     /// stdout passed `max_output_bytes` and the run was killed.
     OutputTooLarge,
+    /// The kernel killed the run (or a process it could not do without) for
+    /// going over its memory limit.
+    OutOfMemory,
 }
 
 /// The result of a run that started.
@@ -120,6 +154,10 @@ pub struct Outcome {
     pub stderr_tail: Vec<u8>,
     /// From clone to the end of the run.
     pub elapsed: Duration,
+    /// Highest memory use of the run, when its cgroup reports it.
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time of all the run's processes, when its cgroup reports it.
+    pub cpu_time: Option<Duration>,
 }
 
 /// A run that could not start.
@@ -148,6 +186,13 @@ pub enum Error {
     /// The sandbox's init died without reporting (e.g. killed by the kernel).
     #[error("sandbox init ended unexpectedly: {0}")]
     InitDied(String),
+    /// A requested limit cannot be enforced on this host (and
+    /// `best_effort_limits` is off).
+    #[error("the {what} limit cannot be enforced on this host: {why}")]
+    LimitUnavailable { what: &'static str, why: String },
+    /// Placing the sandbox in its cgroup failed.
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
 }
 
 impl Error {
@@ -168,10 +213,35 @@ impl Error {
 pub struct Sandbox {
     config: SandboxConfig,
     last_cap: u32,
+    limiter: limits::Limiter,
 }
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// Hidden from the function (runc's and Docker's defaults): kernel memory,
+/// keys, timer and scheduler internals, hardware and firmware interfaces.
+const MASKED_PATHS: [&str; 11] = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+/// Read-only for the function (runc's and Docker's defaults): the kernel
+/// tunables, and files that act on the whole host.
+const READ_ONLY_PATHS: [&str; 5] = [
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
 
 impl Sandbox {
     /// Checks the host and creates the scratch mount point.
@@ -185,12 +255,23 @@ impl Sandbox {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(63);
-        Ok(Sandbox { config, last_cap })
+        // Also removes the run cgroups of a daemon that crashed.
+        let limiter = limits::Limiter::new(&config.cgroup);
+        Ok(Sandbox {
+            config,
+            last_cap,
+            limiter,
+        })
     }
 
     /// The configuration.
     pub fn config(&self) -> &SandboxConfig {
         &self.config
+    }
+
+    /// Which limits this host can enforce, and how: for the daemon to log.
+    pub fn limit_support(&self) -> &LimitSupport {
+        self.limiter.support()
     }
 
     /// Builds the child's plan for `spec`. Pure: no system calls.
@@ -328,13 +409,44 @@ impl Sandbox {
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             Some("mode=1777,size=64m"),
         )?);
-        // 6. Drop the host's root for good.
+        // 6. /sys, never writable. A new network namespace belongs to the
+        //    run's user namespace, so a fresh sysfs (showing its own `lo`)
+        //    may be mounted, read-only. In the runner's network namespace the
+        //    kernel refuses a fresh sysfs and the host's would show the host's
+        //    devices and cgroups: an empty read-only tmpfs stands in.
+        steps.push(mkdir("/sys", 0o555)?);
+        let read_only = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        steps.push(match spec.network {
+            Network::Isolated => mount(Some("sysfs"), "/sys", Some("sysfs"), read_only, None)?,
+            Network::Runner => mount(
+                Some("tmpfs"),
+                "/sys",
+                Some("tmpfs"),
+                read_only,
+                Some("mode=0555"),
+            )?,
+        });
+        // 7. Masked and read-only paths of /proc and /sys, then /dev itself
+        //    read-only (its device binds and /dev/shm stay writable).
+        for path in MASKED_PATHS {
+            steps.push(Step::Mask { path: c(path)? });
+        }
+        for path in READ_ONLY_PATHS {
+            steps.push(Step::BindReadOnly { path: c(path)? });
+        }
+        steps.push(Step::RemountReadOnly { path: c("/dev")? });
+        // 8. Drop the host's root for good (only now: mounting a fresh proc
+        //    or sysfs in a user namespace needs a fully visible one around).
         steps.push(Step::Detach {
             path: c(&format!("/{old_root}"))?,
         });
         steps.push(Step::Rmdir {
             path: c(&format!("/{old_root}"))?,
         });
+        // 9. Leave the runner's session and process group: no controlling
+        //    terminal to open through /dev/tty, and no terminal signals
+        //    (Ctrl-C) reach the function.
+        steps.push(Step::NewSession);
         steps.push(Step::Hostname {
             name: c(&self.config.hostname)?,
         });
@@ -414,6 +526,7 @@ impl Sandbox {
                 .map(|e| cstring(e.as_bytes()))
                 .collect::<Result<_, _>>()?,
             last_cap: self.last_cap,
+            seccomp: self.config.seccomp.clone(),
         })
     }
 
@@ -441,13 +554,35 @@ impl Sandbox {
             start.elapsed().as_nanos() ^ u128::from(std::process::id())
         );
         let plan = self.plan(spec, &child_fds, &run_tag)?;
-        let (pid, pidfd) = spawn(&plan, spec.network)?;
+        // The run's cgroup, with its limits, exists before init does.
+        let limits = self.limiter.prepare(
+            &spec.limits,
+            self.config.default_pids_limit,
+            self.config.best_effort_limits,
+        )?;
+        let into = limits
+            .cgroup
+            .as_deref()
+            .and_then(|c| c.clone_into())
+            .map(|fd| fd.as_raw_fd());
+        let (pid, pidfd, placed) = spawn(&plan, spec.network, into)?;
         let mut guard = ChildGuard {
             pidfd: Some(pidfd),
             pid,
+            cgroup: limits.cgroup,
         };
         drop(child_fds);
 
+        // Init waits on the sync pipe: nothing of the run happens before it is
+        // in its cgroup, under its limits, with its id maps.
+        if let Some(cgroup) = &guard.cgroup {
+            if !placed {
+                cgroup.add(pid)?;
+            }
+        }
+        if let Some(nproc) = limits.nproc {
+            limits::set_nproc(pid, nproc).map_err(Error::io("set RLIMIT_NPROC of the sandbox"))?;
+        }
         self.config
             .id_map
             .write(pid)
@@ -480,16 +615,31 @@ impl Sandbox {
             guard.kill();
         }
         let init_status = guard.reap().await?;
+        let usage = guard.remove_cgroup();
         let reports = read_reports(report_read);
         let status = match status {
-            Some(status) => status,
-            None => self.interpret(&plan, &reports, init_status)?,
+            Some(status) => Ok(status),
+            None => self.interpret(&plan, &reports, init_status),
+        };
+        let status = match status {
+            // The OOM killer explains a run that failed, or an init that died,
+            // better than the exit status does.
+            Ok(Status::Exited(code)) if code != 0 && out_of_memory(&usage, code == 128 + 9) => {
+                Status::OutOfMemory
+            }
+            Ok(Status::Signaled(sig)) if out_of_memory(&usage, sig == libc::SIGKILL) => {
+                Status::OutOfMemory
+            }
+            Err(Error::InitDied(_)) if out_of_memory(&usage, true) => Status::OutOfMemory,
+            other => other?,
         };
         Ok(Outcome {
             status,
             stdout: io.stdout,
             stderr_tail: io.stderr_tail,
             elapsed: start.elapsed(),
+            peak_memory_bytes: usage.peak_memory_bytes,
+            cpu_time: usage.cpu_time,
         })
     }
 
@@ -545,7 +695,15 @@ impl Sandbox {
 
 /// Clones the sandbox's init, which runs the plan. Not async: the raw exec
 /// pointers never live across an await.
-fn spawn(plan: &Plan, network: Network) -> Result<(libc::pid_t, OwnedFd), Error> {
+///
+/// With `cgroup` (a cgroup v2 directory), init starts in that cgroup
+/// (`CLONE_INTO_CGROUP`); the returned flag says whether it did, as kernels
+/// before 5.7 lack it.
+fn spawn(
+    plan: &Plan,
+    network: Network,
+    cgroup: Option<RawFd>,
+) -> Result<(libc::pid_t, OwnedFd, bool), Error> {
     let ptrs = ExecPointers::new(plan);
     let mut flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
@@ -563,14 +721,42 @@ fn spawn(plan: &Plan, network: Network) -> Result<(libc::pid_t, OwnedFd), Error>
         exit_signal: libc::SIGCHLD as u64,
         ..sys::CloneArgs::default()
     };
-    // SAFETY: the child runs only `init_main`, which keeps to raw system calls
-    // on the plan prepared before the clone and never returns.
-    let pid = unsafe { sys::clone3(&mut args) }.map_err(Error::errno("clone3"))?;
+    if let Some(fd) = cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = fd as u64;
+    }
+    let pid = loop {
+        // SAFETY: the child runs only `init_main`, which keeps to raw system
+        // calls on the plan prepared before the clone and never returns.
+        match unsafe { sys::clone3(&mut args) } {
+            // A kernel without CLONE_INTO_CGROUP: the caller adds init to its
+            // cgroup through cgroup.procs instead.
+            Err(Errno::EINVAL | Errno::E2BIG) if args.flags & CLONE_INTO_CGROUP != 0 => {
+                args.flags &= !CLONE_INTO_CGROUP;
+                args.cgroup = 0;
+            }
+            result => break result.map_err(Error::errno("clone3"))?,
+        }
+    };
     if pid == 0 {
         child::init_main(plan, &ptrs);
     }
+    let placed = args.flags & CLONE_INTO_CGROUP != 0;
     // SAFETY: clone3 with CLONE_PIDFD stored a new descriptor that we now own.
-    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }, placed))
+}
+
+/// clone3's flag to start the child in the cgroup `clone_args.cgroup` refers
+/// to (Linux 5.7; libc's constant is a truncated `c_int`).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Whether the kernel's OOM killer struck the run. Kernels that do not count
+/// OOM kills (v1 before 4.13) only say that the limit was hit: then the run
+/// must also have been killed by SIGKILL (`killed`).
+fn out_of_memory(usage: &cgroup::Usage, killed: bool) -> bool {
+    usage
+        .oom_kills
+        .map_or(usage.hit_memory_limit && killed, |n| n > 0)
 }
 
 /// The child's ends of the pipes; closed in the parent right after clone.
@@ -586,6 +772,8 @@ struct ChildFds {
 struct ChildGuard {
     pidfd: Option<OwnedFd>,
     pid: libc::pid_t,
+    /// The run's cgroup: removed once init is reaped, on every path.
+    cgroup: Option<Box<dyn cgroup::RunCgroup>>,
 }
 
 impl ChildGuard {
@@ -603,11 +791,30 @@ impl ChildGuard {
         }
     }
 
-    /// SIGKILL to init, which takes every process of its PID namespace along.
+    /// SIGKILL to init, which takes every process of its PID namespace along,
+    /// and (belt and braces) to every process in the run's cgroup.
     fn kill(&self) {
         if let Some(fd) = &self.pidfd {
             kill_pidfd(fd);
         }
+        if let Some(cgroup) = &self.cgroup {
+            if let Err(e) = cgroup.kill() {
+                tracing::warn!(error = %e, "cannot kill the processes of a run cgroup");
+            }
+        }
+    }
+
+    /// What the run used, read from its cgroup, which is then removed. Call
+    /// once init is reaped.
+    fn remove_cgroup(&mut self) -> cgroup::Usage {
+        let Some(mut cgroup) = self.cgroup.take() else {
+            return cgroup::Usage::default();
+        };
+        let usage = cgroup.usage();
+        if let Err(e) = cgroup.remove() {
+            tracing::warn!(error = %e, "cannot remove a run cgroup");
+        }
+        usage
     }
 
     /// Waits for init and collects its status.
@@ -630,6 +837,8 @@ impl Drop for ChildGuard {
             let _ = nix::sys::wait::waitid(Id::PIDFd(fd.as_fd()), WaitPidFlag::WEXITED);
             tracing::debug!(pid = self.pid, "killed abandoned sandbox");
         }
+        // After init: its PID namespace is gone, so the cgroup is (nearly) empty.
+        self.remove_cgroup();
     }
 }
 

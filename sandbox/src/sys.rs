@@ -310,3 +310,105 @@ pub fn exit(code: libc::c_int) -> ! {
     // parent process image.
     unsafe { libc::_exit(code) }
 }
+
+pub fn setsid() -> SysResult<()> {
+    // SAFETY: plain syscall without arguments.
+    check(unsafe { libc::syscall(libc::SYS_setsid) }).map(drop)
+}
+
+/// The per-mount flags of the mount at `path`, as `MS_*` flags to pass back to
+/// a remount. In a user namespace a remount must keep the flags that a more
+/// privileged namespace locked (nosuid, nodev, noexec, atime), or it fails
+/// with EPERM.
+pub fn mount_flags(path: &CStr) -> SysResult<libc::c_ulong> {
+    // SAFETY: statfs64 is plain old data; all-zero is a valid value.
+    let mut st: libc::statfs64 = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated and st a valid out pointer; on 64-bit
+    // targets the kernel's statfs is statfs64. Raw syscall: glibc's statvfs
+    // may read /proc/self/mountinfo and allocate.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_statfs,
+            path.as_ptr(),
+            &mut st as *mut libc::statfs64,
+        )
+    })?;
+    let st_flags = st.f_flags as libc::c_ulong;
+    let mut flags = 0;
+    for (st_flag, ms_flag) in [
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ] {
+        if st_flags & st_flag != 0 {
+            flags |= ms_flag;
+        }
+    }
+    Ok(flags)
+}
+
+/// Reads a resource limit.
+pub fn getrlimit(resource: libc::c_int) -> SysResult<libc::rlimit64> {
+    let mut old = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit64 on ourselves (pid 0) with a null new limit and a valid
+    // out pointer.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            resource,
+            std::ptr::null::<libc::rlimit64>(),
+            &mut old as *mut libc::rlimit64,
+        )
+    })?;
+    Ok(old)
+}
+
+/// Sets a resource limit (raw prlimit64: no glibc bookkeeping).
+pub fn setrlimit(resource: libc::c_int, limit: libc::rlimit64) -> SysResult<()> {
+    // SAFETY: prlimit64 on ourselves with a valid new limit and no old one.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            resource,
+            &limit as *const libc::rlimit64,
+            std::ptr::null_mut::<libc::rlimit64>(),
+        )
+    })
+    .map(drop)
+}
+
+/// Installs a seccomp filter on the calling thread (no_new_privs must be set).
+/// The program was compiled and checked by the parent; the kernel copies it.
+pub fn seccomp_filter(program: &[fnrun_seccomp::sock_filter]) -> SysResult<()> {
+    const _: () = assert!(
+        std::mem::size_of::<fnrun_seccomp::sock_filter>()
+            == std::mem::size_of::<libc::sock_filter>()
+    );
+    let Ok(len) = u16::try_from(program.len()) else {
+        return Err(Errno::EINVAL);
+    };
+    let prog = libc::sock_fprog {
+        len,
+        // seccompiler's sock_filter has the kernel's layout (repr(C) u16, u8,
+        // u8, u32), as libc's does; the kernel only reads through it.
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prog points to `len` valid instructions that outlive the call.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &prog as *const libc::sock_fprog,
+        )
+    })
+    .map(drop)
+}

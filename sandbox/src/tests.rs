@@ -10,17 +10,84 @@ use super::*;
 const BUSYBOX: &str = "/bin/busybox";
 const APPLETS: &[&str] = &[
     "sh", "cat", "echo", "sleep", "id", "hostname", "ls", "wc", "head", "dd", "mount", "pwd",
-    "env", "touch", "test", "grep", "tr",
+    "env", "touch", "test", "grep", "tr", "tail", "unshare", "stat", "cut", "mkdir",
 ];
 
 /// A temp dir with a busybox layer in it, readable by the sandbox's mapped root.
 struct Fixture {
     dir: tempfile::TempDir,
     sandbox: Sandbox,
+    _turn: Turn,
+}
+
+/// Tests that load the whole machine (a fork bomb, a balloon, many runs at
+/// once) or measure CPU run alone; every other test shares it. A fixture holds
+/// its turn for its whole life. (std's RwLock guards are not `Send`, and the
+/// fixture of the concurrency test is shared between tasks.)
+struct Turn {
+    alone: bool,
+}
+
+/// (tests sharing the machine, a test has it alone, tests waiting for it alone)
+static MACHINE: std::sync::Mutex<(usize, bool, usize)> = std::sync::Mutex::new((0, false, 0));
+static MACHINE_FREED: std::sync::Condvar = std::sync::Condvar::new();
+
+impl Turn {
+    fn take(alone: bool) -> Turn {
+        let mut m = MACHINE.lock().unwrap_or_else(|e| e.into_inner());
+        if alone {
+            m.2 += 1;
+            while m.0 > 0 || m.1 {
+                m = MACHINE_FREED.wait(m).unwrap_or_else(|e| e.into_inner());
+            }
+            m.2 -= 1;
+            m.1 = true;
+        } else {
+            // Waiting lone tests go first, so that they are not starved.
+            while m.1 || m.2 > 0 {
+                m = MACHINE_FREED.wait(m).unwrap_or_else(|e| e.into_inner());
+            }
+            m.0 += 1;
+        }
+        Turn { alone }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut m = MACHINE.lock().unwrap_or_else(|e| e.into_inner());
+        if self.alone {
+            m.1 = false;
+        } else {
+            m.0 -= 1;
+        }
+        MACHINE_FREED.notify_all();
+    }
 }
 
 impl Fixture {
     fn new() -> Fixture {
+        Fixture::with(|_| {})
+    }
+
+    /// A fixture whose sandbox config is changed by `tweak` first.
+    fn with(tweak: impl FnOnce(&mut SandboxConfig)) -> Fixture {
+        Fixture::build(tweak, Turn::take(false))
+    }
+
+    /// A fixture for a test that must have the machine to itself.
+    fn alone() -> Fixture {
+        Fixture::build(|_| {}, Turn::take(true))
+    }
+
+    /// Replaces the sandbox with one whose config is changed by `tweak`.
+    fn reconfigure(&mut self, tweak: impl FnOnce(&mut SandboxConfig)) {
+        let mut config = self.sandbox.config().clone();
+        tweak(&mut config);
+        self.sandbox = Sandbox::new(config).unwrap();
+    }
+
+    fn build(tweak: impl FnOnce(&mut SandboxConfig), turn: Turn) -> Fixture {
         assert!(
             Path::new(BUSYBOX).exists(),
             "{BUSYBOX} is missing: install busybox-static (scripts/test does)"
@@ -51,8 +118,13 @@ impl Fixture {
         }
         let mut config = SandboxConfig::new(dir.path().join("scratch"), id_map);
         config.max_output_bytes = 32 << 20;
+        tweak(&mut config);
         let sandbox = Sandbox::new(config).unwrap();
-        Fixture { dir, sandbox }
+        Fixture {
+            dir,
+            sandbox,
+            _turn: turn,
+        }
     }
 
     fn layer(&self) -> PathBuf {
@@ -70,12 +142,42 @@ impl Fixture {
             groups: vec![],
             network: Network::Isolated,
             timeout: Duration::from_secs(20),
+            limits: Limits::default(),
         }
     }
 
     async fn sh(&self, script: &str) -> Outcome {
         self.sandbox.run(&self.spec(script), b"").await.unwrap()
     }
+}
+
+impl Drop for Fixture {
+    /// Every run's cgroup is gone, whatever way the run ended.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let left = cgroups_left(&self.sandbox);
+        assert!(left.is_empty(), "run cgroups left behind: {left:?}");
+    }
+}
+
+/// The run cgroups of `sandbox` that still exist.
+fn cgroups_left(sandbox: &Sandbox) -> Vec<PathBuf> {
+    let Some(driver) = sandbox.limiter.driver() else {
+        return Vec::new();
+    };
+    driver
+        .parents()
+        .iter()
+        .flat_map(|p| std::fs::read_dir(p).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| sandbox.limiter.is_mine(n))
+        })
+        .collect()
 }
 
 fn chown_tree(path: &Path, uid: u32, gid: u32) {
@@ -291,7 +393,7 @@ async fn dropping_the_run_kills_it() {
 /// allocate: the child must never touch the allocator or a lock.
 #[test]
 fn concurrent_spawns_while_other_threads_allocate() {
-    let fx = Arc::new(Fixture::new());
+    let fx = Arc::new(Fixture::alone());
     let stop = Arc::new(AtomicBool::new(false));
     let churners: Vec<_> = (0..4)
         .map(|i| {
@@ -360,6 +462,204 @@ fn plan_builds_the_root_in_a_safe_order() {
     assert!(pos("mount tmpfs on /dev") < pos("/dev/null"));
     assert!(pos("detach /.fnrun-old-root-t") > pos("mount /.fnrun-old-root-t/dev/tty on /dev/tty"));
     assert!(described.last().unwrap().contains("loopback"));
+    // Masks need /proc and /dev/null; sysfs needs the host's still visible.
+    assert!(pos("mask /proc/kcore") > pos("mount proc on /proc"));
+    assert!(pos("mask /proc/kcore") > pos("mount /.fnrun-old-root-t/dev/null on /dev/null"));
+    assert!(pos("mount sysfs on /sys") < pos("mask /sys/firmware"));
+    assert!(pos("mount sysfs on /sys") < pos("detach /.fnrun-old-root-t"));
+    assert!(pos("bind /proc/sys read-only") > pos("mount proc on /proc"));
+    assert!(pos("remount /dev read-only") > pos("mount tmpfs on /dev/shm"));
+    assert!(pos("remount /dev read-only") > pos("symlink /dev/stderr"));
+    assert!(pos("start a new session") > pos("detach /.fnrun-old-root-t"));
+}
+
+/// The lines of /proc/self/status whose key is one of `keys`.
+fn status_fields<'a>(status: &'a str, keys: &[&str]) -> Vec<(&'a str, &'a str)> {
+    status
+        .lines()
+        .filter_map(|l| l.split_once(":\t"))
+        .filter(|(k, _)| keys.contains(k))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_function_has_no_privileges_and_a_seccomp_filter() {
+    let fx = Fixture::new();
+    let out = fx.sh("cat /proc/self/status").await;
+    let s = text(&out.stdout);
+    assert_eq!(out.status, Status::Exited(0), "{}", text(&out.stderr_tail));
+    let caps = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
+    let fields = status_fields(&s, &caps);
+    assert_eq!(fields.len(), caps.len(), "{s}");
+    for (key, value) in fields {
+        assert_eq!(value, "0000000000000000", "{key} in {s}");
+    }
+    assert_eq!(status_fields(&s, &["NoNewPrivs"]), [("NoNewPrivs", "1")]);
+    // 2 = SECCOMP_MODE_FILTER.
+    assert_eq!(status_fields(&s, &["Seccomp"]), [("Seccomp", "2")]);
+}
+
+#[tokio::test]
+async fn mount_unshare_and_friends_are_denied() {
+    let fx = Fixture::new();
+    let out = fx
+        .sh("mount -t tmpfs none /tmp; echo mount=$?; \
+             unshare -U true; echo unshare-user=$?; \
+             unshare -Um true; echo unshare-mount=$?")
+        .await;
+    let s = text(&out.stdout);
+    let e = text(&out.stderr_tail);
+    for line in ["mount=", "unshare-user=", "unshare-mount="] {
+        let code = s
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .unwrap_or_else(|| panic!("{line} missing: {s} {e}"));
+        assert_ne!(code, "0", "{line}: {s} {e}");
+    }
+    // EPERM from the filter (busybox words it its own way for mount).
+    assert!(e.contains("mount: permission denied"), "{e}");
+    assert_eq!(e.matches("Operation not permitted").count(), 2, "{e}");
+}
+
+#[tokio::test]
+async fn without_seccomp_the_same_calls_reach_the_kernel() {
+    // The control for the tests above: an operator who turns seccomp off gets
+    // an unfiltered function, which may create a user namespace (without any
+    // capability) and a mount namespace inside it.
+    let mut fx = Fixture::new();
+    let mut config = fx.sandbox.config().clone();
+    config.seccomp = None;
+    fx.sandbox = Sandbox::new(config).unwrap();
+    let out = fx
+        .sh("grep Seccomp: /proc/self/status; unshare -Um true; echo unshare=$?")
+        .await;
+    let s = text(&out.stdout);
+    assert!(s.contains("Seccomp:\t0\n"), "{s}");
+    assert!(s.contains("unshare=0\n"), "{s} {}", text(&out.stderr_tail));
+}
+
+#[tokio::test]
+async fn proc_sys_and_dev_are_masked_or_read_only() {
+    let fx = Fixture::new();
+    let out = fx
+        .sh("echo x > /proc/sys/kernel/hostname; echo hostname=$?; \
+             echo x > /proc/sysrq-trigger; echo sysrq=$?; \
+             touch /sys/x; echo sys=$?; \
+             touch /dev/x; echo dev=$?; \
+             echo discarded > /dev/null; echo null=$?; \
+             echo shm > /dev/shm/x; echo shm=$?; \
+             echo kcore=$(cat /proc/kcore | wc -c); \
+             stat -c 'kcore-type=%F %t,%T' /proc/kcore; \
+             echo acpi=$(ls -A /proc/acpi | wc -l) firmware=$(ls -A /sys/firmware | wc -l); \
+             cat /proc/self/mountinfo")
+        .await;
+    let s = text(&out.stdout);
+    let e = text(&out.stderr_tail);
+    let sysrq = Path::new("/proc/sysrq-trigger").exists();
+    for (key, ok) in [
+        ("hostname", false),
+        ("sysrq", false),
+        ("sys", false),
+        ("dev", false),
+        ("null", true),
+        ("shm", true),
+    ] {
+        let code = s
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("{key} missing: {s}"));
+        assert_eq!(code == "0", ok, "{key}={code}: {s} {e}");
+    }
+    // EROFS, not EACCES: the read-only mounts refuse, not permissions alone.
+    for path in [
+        "/proc/sys/kernel/hostname",
+        "/proc/sysrq-trigger",
+        "/sys/x",
+        "/dev/x",
+    ] {
+        if path == "/proc/sysrq-trigger" && !sysrq {
+            continue; // Not in this kernel (CONFIG_MAGIC_SYSRQ off).
+        }
+        assert!(
+            e.lines()
+                .any(|l| l.contains(path) && l.contains("Read-only file system")),
+            "{path}: {e}"
+        );
+    }
+    // Masked: /dev/null over files, an empty tmpfs over directories.
+    assert!(s.contains("kcore=0\n"), "{s}");
+    if Path::new("/proc/kcore").exists() {
+        assert!(s.contains("kcore-type=character special file 1,3\n"), "{s}");
+    }
+    assert!(s.contains("acpi=0 firmware=0\n"), "{s}");
+    // mountinfo: mount point is field 5, per-mount options field 6.
+    let mounts: Vec<(&str, &str)> = s
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 6).then(|| (f[4], f[5]))
+        })
+        .collect();
+    let options = |point: &str| {
+        mounts
+            .iter()
+            .rev()
+            .find(|(p, _)| *p == point)
+            .map(|(_, o)| *o)
+    };
+    for path in READ_ONLY_PATHS.iter().chain(["/sys", "/dev"].iter()) {
+        if path.starts_with("/proc") && !Path::new(path).exists() {
+            continue;
+        }
+        let o = options(path).unwrap_or_else(|| panic!("{path} is not a mount: {s}"));
+        assert!(o.starts_with("ro,"), "{path} is {o}");
+    }
+    for path in MASKED_PATHS {
+        if Path::new(path).exists() {
+            assert!(options(path).is_some(), "{path} is not masked: {s}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn sys_is_a_read_only_sysfs_or_empty() {
+    let fx = Fixture::new();
+    let out = fx.sh("ls /sys/class/net; ls /sys/fs/cgroup | wc -l").await;
+    assert_eq!(text(&out.stdout), "lo\n0\n", "{}", text(&out.stderr_tail));
+    let mut spec = fx.spec("ls -A /sys | wc -l");
+    spec.network = Network::Runner;
+    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    assert_eq!(text(&out.stdout), "0\n", "{}", text(&out.stderr_tail));
+}
+
+#[tokio::test]
+async fn resource_limits_stay_within_the_hard_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let fx = Fixture::new();
+    // A soft limit below the hard one, as on most hosts, so the test shows the
+    // function gets the hard limit (capped) rather than what the runner had.
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, soft.min(hard / 2), hard).unwrap();
+    let out = fx
+        .sh("echo $(ulimit -n) $(ulimit -Hn) $(ulimit -c) $(ulimit -Hc)")
+        .await;
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+    let nofile = hard.min(1 << 20);
+    assert_eq!(
+        text(&out.stdout),
+        format!("{nofile} {nofile} 0 0\n"),
+        "{}",
+        text(&out.stderr_tail)
+    );
+}
+
+#[tokio::test]
+async fn the_function_has_its_own_session() {
+    let fx = Fixture::new();
+    // Field 6 of /proc/PID/stat is the session id, seen from the sandbox's PID
+    // namespace: 1 (init's) rather than 0 (the runner's, outside).
+    let out = fx.sh("cut -d ' ' -f 6 /proc/self/stat").await;
+    assert_eq!(text(&out.stdout), "1\n", "{}", text(&out.stderr_tail));
 }
 
 fn assert_no_process_with(needle: &str) {
@@ -376,4 +676,244 @@ fn assert_no_process_with(needle: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("a process with {needle:?} outlived its run");
+}
+
+#[test]
+fn limit_support_is_reported() {
+    let fx = Fixture::new();
+    let support = fx.sandbox.limit_support();
+    println!("limits on this host: {support}");
+    // The pids limit is always enforced, by a cgroup or by the rlimit.
+    assert!(support.pids.is_available(), "{support}");
+    if nix::unistd::geteuid().is_root() {
+        // This project's hosts: root has the v1 controllers.
+        for e in [&support.memory, &support.cpu, &support.pids] {
+            assert!(matches!(e, Enforcement::Cgroup(_)), "{support}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn memory_limit_ends_a_balloon_with_out_of_memory() {
+    let mut fx = Fixture::alone();
+    // tail keeps its whole input when it has no newline: one process that
+    // holds 200 MiB.
+    let mut spec = fx.spec("head -c 200m /dev/zero | tail > /dev/null");
+    spec.limits.memory_bytes = Some(64 << 20);
+    if !fx.sandbox.limit_support().memory.is_available() {
+        // Rootless without a delegated cgroup.
+        let err = fx.sandbox.run(&spec, b"").await.unwrap_err();
+        assert!(
+            matches!(err, Error::LimitUnavailable { what: "memory", .. }),
+            "{err}"
+        );
+        fx.reconfigure(|c| c.best_effort_limits = true);
+        let out = fx.sandbox.run(&spec, b"").await.unwrap();
+        assert_eq!(out.status, Status::Exited(0));
+        return;
+    }
+    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    assert_eq!(
+        out.status,
+        Status::OutOfMemory,
+        "{}",
+        text(&out.stderr_tail)
+    );
+    let peak = out.peak_memory_bytes.unwrap();
+    assert!(peak <= 64 << 20 && peak > 32 << 20, "peak {peak}");
+
+    // The control: without the limit the same run succeeds.
+    spec.limits.memory_bytes = None;
+    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    assert_eq!(out.status, Status::Exited(0), "{}", text(&out.stderr_tail));
+    let peak = out.peak_memory_bytes.unwrap();
+    assert!(peak > 150 << 20, "peak {peak}");
+}
+
+#[tokio::test]
+async fn fork_bomb_is_contained_by_the_default_pids_limit() {
+    let fx = Fixture::alone();
+    let limit = fx.sandbox.config().default_pids_limit;
+    let marker = format!("bomb{}", std::process::id());
+    // Every process of the bomb is a fork of this shell, so carries the marker
+    // in its command line. Each one waits for the two it forks, so the tree
+    // only grows until forks fail. The shell forks its sleep first and then
+    // nothing more (a failed fork ends a non-interactive busybox sh).
+    let mut spec = fx.spec(&format!(
+        ": {marker}; sleep 3 & s=$!; b() {{ b | b; }}; b & wait $s; echo done"
+    ));
+    // A safety net only: the limit, not the timeout, must contain the bomb.
+    spec.timeout = Duration::from_secs(8);
+    let stop = Arc::new(AtomicBool::new(false));
+    let counter = {
+        let stop = stop.clone();
+        let needle = marker.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !stop.load(Ordering::Relaxed) {
+                most = most.max(processes_with(&needle));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            most
+        })
+    };
+    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let most = counter.join().unwrap();
+    println!(
+        "fork bomb: at most {most} processes (limit {limit}, {}), {:?}, {:?}",
+        fx.sandbox.limit_support().pids,
+        out.status,
+        out.elapsed
+    );
+    assert!(most as u64 <= limit, "{most} processes at once");
+    // It went off and ran into the limit (the host's own limits are far
+    // away), and the run went on to its end.
+    assert!(most > 100, "the bomb never went off: {most}");
+    assert!(
+        text(&out.stderr_tail).contains("can't fork"),
+        "the bomb never reached the limit: {}",
+        text(&out.stderr_tail)
+    );
+    assert_eq!(out.status, Status::Exited(0), "{}", text(&out.stderr_tail));
+    assert_eq!(text(&out.stdout), "done\n");
+    assert_no_process_with(&marker);
+}
+
+/// How many processes have `needle` in their command line.
+fn processes_with(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        .count()
+}
+
+#[tokio::test]
+async fn cpu_limit_slows_a_busy_loop() {
+    let mut fx = Fixture::alone();
+    // Counts loop iterations for one second of wall time.
+    let script = "i=0; trap 'echo $i; exit 0' USR1; (sleep 1; kill -USR1 $$) & \
+                  while :; do i=$((i+1)); done";
+    let free = fx.spec(script);
+    let mut limited = fx.spec(script);
+    limited.limits.cpu_millis = Some(100);
+    if !fx.sandbox.limit_support().cpu.is_available() {
+        let err = fx.sandbox.run(&limited, b"").await.unwrap_err();
+        assert!(
+            matches!(err, Error::LimitUnavailable { what: "cpu", .. }),
+            "{err}"
+        );
+        fx.reconfigure(|c| c.best_effort_limits = true);
+        let out = fx.sandbox.run(&limited, b"").await.unwrap();
+        assert_eq!(out.status, Status::Exited(0));
+        return;
+    }
+    let count = |o: &Outcome| -> u64 {
+        text(&o.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{o:?}"))
+    };
+    // The comparison needs a CPU for the free loop: on a machine busy with
+    // other work (builds of other crates...) it is retried a few times.
+    for attempt in 1.. {
+        // Side by side, so that both see the same load from anything else.
+        let (free, limited) =
+            tokio::join!(fx.sandbox.run(&free, b""), fx.sandbox.run(&limited, b""));
+        let (free, limited) = (free.unwrap(), limited.unwrap());
+        let (n_free, n_limited) = (count(&free), count(&limited));
+        let (cpu_free, cpu_limited) = (free.cpu_time.unwrap(), limited.cpu_time.unwrap());
+        println!(
+            "1 s busy loop: {n_free} iterations ({cpu_free:?} CPU) free, \
+             {n_limited} ({cpu_limited:?} CPU) at 100m"
+        );
+        if cpu_free.as_secs_f64() < 0.5 * free.elapsed.as_secs_f64() && attempt < 5 {
+            continue;
+        }
+        if cpu_free.as_secs_f64() >= 0.5 * free.elapsed.as_secs_f64() {
+            assert!(
+                n_free >= 4 * n_limited,
+                "{n_free} iterations free, {n_limited} at 100m"
+            );
+        } else {
+            println!("the machine stayed too busy to compare: checking the quota alone");
+        }
+        // 100m is a tenth of a CPU per 100 ms period; one period of slack.
+        let most = limited.elapsed.as_secs_f64() / 10.0 + 0.1;
+        assert!(
+            cpu_limited.as_secs_f64() <= most,
+            "{cpu_limited:?} of CPU in {:?} at 100m",
+            limited.elapsed
+        );
+        break;
+    }
+}
+
+#[tokio::test]
+async fn requested_limits_are_refused_or_applied_never_ignored() {
+    let mut fx = Fixture::new();
+    let mut spec = fx.spec("echo ok");
+    spec.limits = Limits {
+        memory_bytes: Some(256 << 20),
+        cpu_millis: Some(500),
+        pids: Some(64),
+    };
+    let support = fx.sandbox.limit_support().clone();
+    if support.memory.is_available() && support.cpu.is_available() {
+        let out = fx.sandbox.run(&spec, b"").await.unwrap();
+        assert_eq!(text(&out.stdout), "ok\n");
+        assert!(out.peak_memory_bytes.is_some());
+        assert!(out.cpu_time.is_some());
+    } else {
+        let err = fx.sandbox.run(&spec, b"").await.unwrap_err();
+        assert!(matches!(err, Error::LimitUnavailable { .. }), "{err}");
+        assert!(err.to_string().contains("cannot be enforced"), "{err}");
+        fx.reconfigure(|c| c.best_effort_limits = true);
+        let out = fx.sandbox.run(&spec, b"").await.unwrap();
+        assert_eq!(text(&out.stdout), "ok\n");
+    }
+}
+
+#[tokio::test]
+async fn an_explicit_pids_limit_caps_the_run() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec(
+        "n=0; for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 5 & n=$((n+1)); done; \
+         echo started; ls /proc | grep -c '^[0-9]'",
+    );
+    spec.limits.pids = Some(8);
+    spec.timeout = Duration::from_secs(10);
+    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let s = text(&out.stdout);
+    // init, the shell and its sleeps; `ls` and `grep` need slots too, so the
+    // count, when it can be taken at all, stays within the limit.
+    let count: Option<u64> = s.lines().nth(1).and_then(|l| l.trim().parse().ok());
+    assert!(count.is_none_or(|c| c <= 8), "{s}");
+    assert!(
+        text(&out.stderr_tail).contains("fork"),
+        "{s} {}",
+        text(&out.stderr_tail)
+    );
+}
+
+#[test]
+fn sandbox_start_sweeps_run_cgroups_of_a_dead_daemon() {
+    let fx = Fixture::new();
+    let Some(driver) = fx.sandbox.limiter.driver() else {
+        return;
+    };
+    // pid 1 of this PID namespace did not start then: a daemon that is gone.
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata("/proc/self/ns/pid").unwrap().ino();
+    let stale = format!("{ns}-1-999999999999-0-0");
+    let dirs: Vec<PathBuf> = driver.parents().iter().map(|p| p.join(&stale)).collect();
+    for d in &dirs {
+        std::fs::create_dir(d).unwrap();
+    }
+    let _again = Sandbox::new(fx.sandbox.config().clone()).unwrap();
+    for d in &dirs {
+        assert!(!d.exists(), "{} survived the sweep", d.display());
+    }
 }

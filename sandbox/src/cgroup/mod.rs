@@ -1,0 +1,623 @@
+//! cgroup limits and accounting for runs, on cgroup v1 and v2.
+//!
+//! A [`CgroupDriver`] stands for one host hierarchy layout ([`v1::V1`] or
+//! [`v2::V2`]); it creates a [`RunCgroup`] per run under a parent cgroup
+//! (`fnrun` by default; see [`CgroupBase`] for where), applies the run's
+//! limits, places the sandbox's init in it, reads what the run used, kills what
+//! is left and removes it. [`detect`] picks the driver from a mountinfo file and
+//! a cgroup root, both parameters, so that the drivers run on a fake cgroupfs
+//! in tests (every file operation goes through [`CgroupFs`]).
+//!
+//! Run cgroups are named `<pid namespace>-<daemon pid>-<daemon start
+//! time>-<sandbox>-<run>`, so that [`CgroupDriver::sweep`] can tell the
+//! leftovers of a daemon that died (its pid gone or reused) from the runs of
+//! live daemons sharing the parent (see [`is_stale`]).
+
+pub mod v1;
+pub mod v2;
+
+use std::fmt;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::limits::Limits;
+
+/// Where and how to find and create cgroups.
+#[derive(Debug, Clone)]
+pub struct CgroupConfig {
+    /// Use cgroups at all. Off: only the rlimit fallback for the pids limit.
+    pub enabled: bool,
+    /// The mount table of this process (`/proc/self/mountinfo`).
+    pub mountinfo: PathBuf,
+    /// This process's cgroups (`/proc/self/cgroup`).
+    pub self_cgroup: PathBuf,
+    /// Where the cgroup filesystems are mounted (`/sys/fs/cgroup`).
+    pub root: PathBuf,
+    /// Where the parent cgroup goes.
+    pub base: CgroupBase,
+    /// The parent of every run cgroup, a relative path below `base`.
+    pub parent: PathBuf,
+}
+
+/// Where the parent cgroup of runs goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CgroupBase {
+    /// v2: below this process's own cgroup, which is how v2 delegates (a
+    /// systemd unit with `Delegate=yes`, a pod), and runs count against the
+    /// daemon's unit or pod. v1, which has no delegation: at the top of each
+    /// hierarchy, as container runtimes do.
+    #[default]
+    Auto,
+    /// Below this process's own cgroup.
+    Own,
+    /// At the top of the hierarchy.
+    Top,
+}
+
+impl Default for CgroupConfig {
+    fn default() -> Self {
+        CgroupConfig {
+            enabled: true,
+            mountinfo: "/proc/self/mountinfo".into(),
+            self_cgroup: "/proc/self/cgroup".into(),
+            root: "/sys/fs/cgroup".into(),
+            base: CgroupBase::Auto,
+            parent: "fnrun".into(),
+        }
+    }
+}
+
+/// The cgroup version a driver works on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Version::V1 => "cgroup v1",
+            Version::V2 => "cgroup v2",
+        })
+    }
+}
+
+/// A failed cgroup operation.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// A file operation failed on this path.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// No hierarchy this process can use.
+    #[error("{0}")]
+    Unusable(String),
+}
+
+/// A `Result` with a [`CgroupError`].
+pub type Result<T, E = CgroupError> = std::result::Result<T, E>;
+
+trait WrapPath<T> {
+    fn wrap(self, op: &'static str, path: &Path) -> Result<T>;
+}
+
+impl<T> WrapPath<T> for io::Result<T> {
+    fn wrap(self, op: &'static str, path: &Path) -> Result<T> {
+        self.map_err(|source| CgroupError::Io {
+            op,
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+/// Whether a driver can enforce each kind of limit, and why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Controllers {
+    pub memory: Result<(), String>,
+    pub cpu: Result<(), String>,
+    pub pids: Result<(), String>,
+}
+
+/// What a run used, read from its cgroup after it ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Processes the kernel's OOM killer killed in the run; `None` when the
+    /// kernel does not say (v1 before 4.13).
+    pub oom_kills: Option<u64>,
+    /// The memory limit was reached at least once (allocations failed or had
+    /// to reclaim).
+    pub hit_memory_limit: bool,
+    /// Highest memory use of the run.
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time of every process of the run.
+    pub cpu_time: Option<Duration>,
+}
+
+/// One host's cgroup hierarchy layout: creates the cgroups of runs.
+pub trait CgroupDriver: fmt::Debug + Send + Sync {
+    /// v1 or v2.
+    fn version(&self) -> Version;
+    /// Which limits can be enforced.
+    fn controllers(&self) -> &Controllers;
+    /// The parent cgroup directories, one per hierarchy in use.
+    fn parents(&self) -> Vec<PathBuf>;
+    /// Creates the cgroup `name` under the parent and applies `limits`; each
+    /// limit given must be one [`Self::controllers`] supports. Nothing is left
+    /// behind on failure.
+    fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn RunCgroup>>;
+    /// Kills the processes of, and removes, every run cgroup under the parent
+    /// for which `is_stale(name)` holds. Returns how many were removed.
+    fn sweep(&self, is_stale: &dyn Fn(&str) -> bool) -> Result<usize>;
+}
+
+/// The cgroup of one run. Dropping it kills what is left in it and removes it.
+pub trait RunCgroup: fmt::Debug + Send {
+    /// For `clone3(CLONE_INTO_CGROUP)`: a descriptor of the cgroup directory
+    /// (v2 only). When `None`, [`Self::add`] places the process instead.
+    fn clone_into(&self) -> Option<std::os::fd::BorrowedFd<'_>>;
+    /// Moves process `pid` (all its threads) into the cgroup.
+    fn add(&self, pid: libc::pid_t) -> Result<()>;
+    /// SIGKILL to every process in the cgroup.
+    fn kill(&self) -> Result<()>;
+    /// What the run used so far.
+    fn usage(&self) -> Usage;
+    /// Kills what is left and removes the cgroup, retrying briefly while the
+    /// kernel still counts exiting processes. Idempotent.
+    fn remove(&mut self) -> Result<()>;
+    /// The cgroup's directories (one per hierarchy), for messages and tests.
+    fn dirs(&self) -> Vec<PathBuf>;
+}
+
+/// The file operations the drivers need: the seam between them and the
+/// kernel's cgroup filesystem.
+pub trait CgroupFs: fmt::Debug + Send + Sync {
+    /// Reads a whole interface file.
+    fn read(&self, path: &Path) -> io::Result<String>;
+    /// Writes `value` to an existing interface file in one write(2).
+    fn write(&self, path: &Path, value: &str) -> io::Result<()>;
+    /// Creates a cgroup (the kernel adds its interface files).
+    fn mkdir(&self, path: &Path) -> io::Result<()>;
+    /// Removes an empty cgroup (its interface files go with it).
+    fn rmdir(&self, path: &Path) -> io::Result<()>;
+    /// Whether a file or cgroup exists.
+    fn exists(&self, path: &Path) -> bool;
+    /// The names of the child cgroups of `path`.
+    fn children(&self, path: &Path) -> io::Result<Vec<String>>;
+}
+
+/// The real cgroup filesystem.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostFs;
+
+impl CgroupFs for HostFs {
+    fn read(&self, path: &Path) -> io::Result<String> {
+        std::fs::read_to_string(path)
+    }
+
+    fn write(&self, path: &Path, value: &str) -> io::Result<()> {
+        use std::io::Write;
+        // No O_CREAT: a missing interface file means a missing controller.
+        let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+        // cgroupfs takes each write(2) as one command: never split it.
+        let n = file.write(value.as_bytes())?;
+        if n == value.len() {
+            Ok(())
+        } else {
+            Err(io::Error::other("short write"))
+        }
+    }
+
+    fn mkdir(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir(path)
+    }
+
+    fn rmdir(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_dir(path)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn children(&self, path: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                if let Some(name) = entry.file_name().to_str() {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// The controllers fnrun uses.
+const MEMORY: &str = "memory";
+const CPU: &str = "cpu";
+const PIDS: &str = "pids";
+
+/// Finds the hierarchy from `config` and sets up its driver: the parent
+/// cgroup is created (and, on v2, its controllers enabled) here.
+pub fn detect(config: &CgroupConfig, fs: Arc<dyn CgroupFs>) -> Result<Box<dyn CgroupDriver>> {
+    let mountinfo = std::fs::read_to_string(&config.mountinfo).wrap("read", &config.mountinfo)?;
+    let self_cgroup =
+        std::fs::read_to_string(&config.self_cgroup).wrap("read", &config.self_cgroup)?;
+    match layout(&mountinfo, &self_cgroup, &config.root, fs.as_ref())? {
+        Layout::V2(h) => {
+            let base = if config.base == CgroupBase::Top {
+                &h.mount
+            } else {
+                &h.own
+            };
+            let parent = parent_dir(base, &config.parent)?;
+            Ok(Box::new(v2::V2::new(fs, &h.mount, base, &parent)?))
+        }
+        Layout::V1(hs) => {
+            let parents = hs
+                .iter()
+                .map(|h| {
+                    let base = if config.base == CgroupBase::Own {
+                        &h.own
+                    } else {
+                        &h.mount
+                    };
+                    Ok((h.controllers.clone(), parent_dir(base, &config.parent)?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Box::new(v1::V1::new(fs, parents)?))
+        }
+    }
+}
+
+/// One mounted hierarchy and this process's cgroup in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hierarchy {
+    /// The controllers fnrun uses that it carries (v1); empty for v2.
+    pub controllers: Vec<String>,
+    /// Where it is mounted.
+    pub mount: PathBuf,
+    /// This process's cgroup directory in it.
+    pub own: PathBuf,
+}
+
+/// The cgroup layout of a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// The unified hierarchy has controllers: everything happens there.
+    V2(Hierarchy),
+    /// Per-controller v1 hierarchies (also "hybrid" hosts whose unified
+    /// hierarchy has no controllers).
+    V1(Vec<Hierarchy>),
+}
+
+/// The v1 controllers fnrun creates cgroups in: the three limits, CPU
+/// accounting, and the freezer for killing.
+const V1_CONTROLLERS: [&str; 5] = [MEMORY, CPU, "cpuacct", PIDS, "freezer"];
+
+/// Works out the layout from the text of a mountinfo file and of
+/// `/proc/self/cgroup`, looking only at mounts below `root`: v2 when the
+/// unified hierarchy has the memory, cpu or pids controller, else v1.
+pub fn layout(
+    mountinfo: &str,
+    self_cgroup: &str,
+    root: &Path,
+    fs: &dyn CgroupFs,
+) -> Result<Layout> {
+    let mounts: Vec<Mount> = mountinfo
+        .lines()
+        .filter_map(Mount::parse)
+        .filter(|m| m.mount_point.starts_with(root))
+        .collect();
+    let own_paths: Vec<(Vec<&str>, &str)> = self_cgroup
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let _id = parts.next()?;
+            let controllers = parts.next()?;
+            let path = parts.next()?;
+            Some((
+                controllers.split(',').filter(|c| !c.is_empty()).collect(),
+                path,
+            ))
+        })
+        .collect();
+
+    // The unified hierarchy: at the root on a pure v2 host, at
+    // `root/unified` on a hybrid one.
+    let mut unified: Vec<&Mount> = mounts.iter().filter(|m| m.fstype == "cgroup2").collect();
+    unified.sort_by_key(|m| (m.mount_point != root, m.mount_point.components().count()));
+    if let Some(m) = unified.first() {
+        let controllers = fs
+            .read(&m.mount_point.join("cgroup.controllers"))
+            .unwrap_or_default();
+        if controllers
+            .split_whitespace()
+            .any(|c| [MEMORY, CPU, PIDS].contains(&c))
+        {
+            let own = own_paths
+                .iter()
+                .find(|(c, _)| c.is_empty())
+                .map(|(_, p)| *p)
+                .unwrap_or("/");
+            return Ok(Layout::V2(Hierarchy {
+                controllers: Vec::new(),
+                own: own_dir(m, own),
+                mount: m.mount_point.clone(),
+            }));
+        }
+    }
+
+    let mut hierarchies = Vec::new();
+    for m in mounts.iter().filter(|m| m.fstype == "cgroup") {
+        let controllers: Vec<String> = m
+            .super_options
+            .split(',')
+            .filter(|o| V1_CONTROLLERS.contains(o))
+            .map(str::to_owned)
+            .collect();
+        if controllers.is_empty()
+            || hierarchies
+                .iter()
+                .any(|h: &Hierarchy| h.controllers == controllers)
+        {
+            continue;
+        }
+        let own = own_paths
+            .iter()
+            .find(|(c, _)| controllers.iter().all(|x| c.contains(&x.as_str())))
+            .map(|(_, p)| *p)
+            .unwrap_or("/");
+        hierarchies.push(Hierarchy {
+            own: own_dir(m, own),
+            mount: m.mount_point.clone(),
+            controllers,
+        });
+    }
+    if hierarchies.is_empty() {
+        let why = if unified.is_empty() {
+            format!("no cgroup filesystem is mounted under {}", root.display())
+        } else {
+            format!(
+                "the cgroup v2 hierarchy at {} has none of the memory, cpu and pids controllers, \
+                 and no cgroup v1 hierarchy has them",
+                unified[0].mount_point.display()
+            )
+        };
+        return Err(CgroupError::Unusable(why));
+    }
+    Ok(Layout::V1(hierarchies))
+}
+
+/// One line of a mountinfo file.
+#[derive(Debug)]
+struct Mount {
+    /// The directory of the filesystem that is mounted (field 4).
+    root: String,
+    mount_point: PathBuf,
+    fstype: String,
+    super_options: String,
+}
+
+impl Mount {
+    fn parse(line: &str) -> Option<Mount> {
+        let (left, right) = line.split_once(" - ")?;
+        let mut left = left.split(' ');
+        let root = unescape(left.nth(3)?);
+        let mount_point = PathBuf::from(unescape(left.next()?));
+        let mut right = right.split(' ');
+        let fstype = right.next()?.to_owned();
+        let _source = right.next()?;
+        let super_options = right.next().unwrap_or("").to_owned();
+        Some(Mount {
+            root,
+            mount_point,
+            fstype,
+            super_options,
+        })
+    }
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// This process's cgroup directory in mount `m`, from its path in
+/// `/proc/self/cgroup` (relative to the hierarchy's top, or to the cgroup
+/// namespace's root, which is what the mount shows then).
+fn own_dir(m: &Mount, own: &str) -> PathBuf {
+    let rel = Path::new(own)
+        .strip_prefix(&m.root)
+        .unwrap_or(Path::new(own));
+    let rel = rel.strip_prefix("/").unwrap_or(rel);
+    m.mount_point.join(rel)
+}
+
+/// The parent cgroup directory: `parent`, a plain relative path, below `base`.
+fn parent_dir(base: &Path, parent: &Path) -> Result<PathBuf> {
+    if parent.as_os_str().is_empty()
+        || !parent
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err(CgroupError::Unusable(format!(
+            "cgroup parent {} is not a relative path",
+            parent.display()
+        )));
+    }
+    Ok(base.join(parent))
+}
+
+/// Why an unprivileged process may not create cgroups, for messages.
+fn delegation_hint() -> String {
+    let uid = nix::unistd::geteuid();
+    if uid.is_root() {
+        String::new()
+    } else {
+        format!(" (uid {uid} has no delegated cgroup to create them in)")
+    }
+}
+
+/// The pids listed in a `cgroup.procs` file.
+fn parse_pids(text: &str) -> Vec<libc::pid_t> {
+    text.split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The value of `key` in a flat keyed file (`memory.events`, `cpu.stat`,
+/// `memory.oom_control`).
+fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        if k == key {
+            v.trim().parse().ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// SIGKILL to each pid; a pid that is already gone is fine.
+fn kill_pids(pids: &[libc::pid_t]) {
+    for &pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// rmdir with retries while the kernel still counts exiting processes
+/// (EBUSY): `kill` is called before each retry. A cgroup that is already gone
+/// counts as removed.
+fn rmdir_retrying(fs: &dyn CgroupFs, dir: &Path, kill: &dyn Fn()) -> Result<()> {
+    let mut delay = Duration::from_millis(1);
+    let mut waited = Duration::ZERO;
+    loop {
+        match fs.rmdir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && waited < Duration::from_secs(2) => {
+                kill();
+                std::thread::sleep(delay);
+                waited += delay;
+                delay = (delay * 2).min(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e).wrap("remove cgroup", dir),
+        }
+    }
+}
+
+/// The CFS quota for `millis` thousandths of a CPU per 100 ms period; the
+/// kernel's minimum quota is 1 ms.
+fn cpu_quota_us(millis: u64) -> u64 {
+    millis.saturating_mul(CPU_PERIOD_US / 1000).max(1000)
+}
+
+/// The CFS period used for CPU limits: 100 ms.
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// Names of run cgroups: `<pid namespace>-<pid>-<start time>-<sandbox>-<run>`.
+#[derive(Debug, Clone)]
+pub struct RunNames {
+    prefix: String,
+    sandbox: u64,
+}
+
+impl RunNames {
+    /// Names for a new sandbox of this process.
+    pub fn new() -> RunNames {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SANDBOXES: AtomicU64 = AtomicU64::new(0);
+        let pid = std::process::id();
+        let start = start_time(pid).unwrap_or(0);
+        RunNames {
+            prefix: format!("{}-{pid}-{start}", pid_namespace()),
+            sandbox: SANDBOXES.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The name of run number `run`.
+    pub fn run(&self, run: u64) -> String {
+        format!("{}-{}-{run}", self.prefix, self.sandbox)
+    }
+
+    /// Whether `name` is a run of this sandbox.
+    pub fn is_mine(&self, name: &str) -> bool {
+        name.strip_prefix(&format!("{}-{}-", self.prefix, self.sandbox))
+            .is_some_and(|n| n.parse::<u64>().is_ok())
+    }
+}
+
+impl Default for RunNames {
+    fn default() -> Self {
+        RunNames::new()
+    }
+}
+
+/// Whether `name` is a run cgroup of a daemon that is gone: a daemon of this
+/// PID namespace whose pid does not exist or belongs to a process started at
+/// another time. Never stale: names of another form (not ours to remove), and
+/// runs of daemons in other PID namespaces (another pod sharing a v1
+/// hierarchy, perhaps still draining), whose liveness cannot be checked from
+/// here. Their processes die with their daemon anyway (init has a parent
+/// death signal); only empty directories could be left.
+pub fn is_stale(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('-').collect();
+    let [ns, pid, start, sandbox, run] = parts[..] else {
+        return false;
+    };
+    let (Ok(ns), Ok(pid), Ok(start), Ok(_), Ok(_)) = (
+        ns.parse::<u64>(),
+        pid.parse::<u32>(),
+        start.parse::<u64>(),
+        sandbox.parse::<u64>(),
+        run.parse::<u64>(),
+    ) else {
+        return false;
+    };
+    ns == pid_namespace() && start_time(pid) != Some(start)
+}
+
+/// The inode of this process's PID namespace.
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// A process's start time in clock ticks since boot (field 22 of its stat).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: skip it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests;
