@@ -57,6 +57,29 @@ impl LayoutError {
     }
 }
 
+impl LayoutError {
+    /// The same error with paths under `from` (an extracted archive) shown under `to`
+    /// (the archive), so that messages name what the user gave.
+    pub(crate) fn relocated(mut self, from: &Path, to: &Path) -> LayoutError {
+        let path = match &mut self {
+            LayoutError::NotLayout { path, .. }
+            | LayoutError::TagNotFound { path, .. }
+            | LayoutError::Ambiguous { path, .. }
+            | LayoutError::Blob { path, .. }
+            | LayoutError::Manifest { path, .. }
+            | LayoutError::Io { path, .. } => path,
+        };
+        if let Ok(rel) = path.strip_prefix(from) {
+            *path = if rel.as_os_str().is_empty() {
+                to.to_owned()
+            } else {
+                to.join(rel)
+            };
+        }
+        self
+    }
+}
+
 fn read_capped(path: &Path, max: u64) -> Result<Option<Vec<u8>>, io::Error> {
     let file = File::open(path)?;
     let mut bytes = Vec::new();
@@ -239,4 +262,257 @@ pub(crate) fn resolve(
         digest: digest.to_string(),
         reason: "indexes nested more than one level deep are not supported".into(),
     }))
+}
+
+/// Where an `oci-archive:` member goes, if anywhere.
+enum Member {
+    /// `oci-layout`, `index.json` or `blobs/sha256/<hex>`: extracted under this name.
+    File(String),
+    /// A directory or a file the layout does not need: skipped.
+    Skip,
+}
+
+/// Classifies a member path of an `oci-archive:` tar. `..` is refused outright.
+fn classify(raw: &[u8]) -> Result<Member, String> {
+    let path = std::str::from_utf8(raw).map_err(|_| "a member name is not UTF-8".to_owned())?;
+    let comps: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    if comps.contains(&"..") {
+        return Err(format!(
+            "member {:?} leads out of the archive",
+            truncate(path)
+        ));
+    }
+    Ok(match comps.as_slice() {
+        ["oci-layout"] => Member::File("oci-layout".into()),
+        ["index.json"] => Member::File("index.json".into()),
+        ["blobs", "sha256", hex]
+            if hex.len() == 64
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+        {
+            Member::File(format!("blobs/sha256/{hex}"))
+        }
+        _ => Member::Skip,
+    })
+}
+
+/// Extracts the OCI layout in the tar (optionally gzipped) `archive` into `dest`, which
+/// must not exist yet, so that it can be read like an `oci:` layout.
+///
+/// Only the files a layout needs are extracted (`oci-layout`, `index.json`,
+/// `blobs/sha256/<hex>`), as regular files under names built here, in a directory this
+/// process just created: symlinks, hardlinks, devices and other members are skipped, and
+/// `..` is refused, so nothing outside `dest` can be created or written through. At most
+/// `limit` bytes are written. On error `dest` is removed.
+pub(crate) fn extract_archive(archive: &Path, dest: &Path, limit: u64) -> Result<(), LayoutError> {
+    let result = extract_into(archive, dest, limit);
+    if result.is_err() {
+        let _ = crate::unpack::remove_tree(dest);
+    }
+    result
+}
+
+fn extract_into(archive: &Path, dest: &Path, limit: u64) -> Result<(), LayoutError> {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+
+    let bad = |reason: String| LayoutError::NotLayout {
+        path: archive.to_owned(),
+        reason: format!("not a usable oci-archive: {reason}"),
+    };
+    let io_err = |path: &Path| {
+        let path = path.to_owned();
+        move |err| LayoutError::Io { path, err }
+    };
+    let file = match File::open(archive) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(LayoutError::NotLayout {
+                path: archive.to_owned(),
+                reason: "no such file".into(),
+            });
+        }
+        Err(e) => return Err(io_err(archive)(e)),
+    };
+    if file.metadata().map_err(io_err(archive))?.is_dir() {
+        return Err(bad(
+            "it is a directory (use oci:PATH for a layout directory)".into(),
+        ));
+    }
+    let mut reader = BufReader::new(file);
+    let gzip = reader
+        .fill_buf()
+        .map_err(io_err(archive))?
+        .starts_with(&[0x1f, 0x8b]);
+    let reader: Box<dyn Read> = if gzip {
+        Box::new(flate2::bufread::MultiGzDecoder::new(reader))
+    } else {
+        Box::new(reader)
+    };
+
+    let mut dirs = std::fs::DirBuilder::new();
+    dirs.mode(0o700);
+    dirs.create(dest).map_err(io_err(dest))?;
+    dirs.recursive(true)
+        .create(dest.join("blobs/sha256"))
+        .map_err(io_err(dest))?;
+
+    let mut tar = tar::Archive::new(reader);
+    let mut written: u64 = 0;
+    let mut files = 0usize;
+    let entries = tar
+        .entries()
+        .map_err(|e| bad(format!("cannot read the tar: {e}")))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| bad(format!("cannot read the tar: {e}")))?;
+        let name = match classify(&entry.path_bytes()).map_err(&bad)? {
+            Member::File(name) => name,
+            Member::Skip => continue,
+        };
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind == tar::EntryType::Continuous) {
+            // A link or device under a layout name is not followed: the file is missing.
+            tracing::debug!(member = %name, "skipping a non-regular oci-archive member");
+            continue;
+        }
+        let size = entry.size();
+        written = written.saturating_add(size);
+        if written > limit {
+            return Err(bad(format!("it holds more than {limit} bytes")));
+        }
+        let path = dest.join(&name);
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::AlreadyExists {
+                    bad(format!("{name} appears twice"))
+                } else {
+                    io_err(&path)(e)
+                }
+            })?;
+        let copied = io::copy(&mut (&mut entry).take(size), &mut out)
+            .map_err(|e| bad(format!("cannot read {name}: {e}")))?;
+        if copied != size {
+            return Err(bad(format!("{name} is truncated")));
+        }
+        files += 1;
+    }
+    if files == 0 {
+        return Err(bad("it has no oci-layout, index.json or blobs".into()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod archive_tests {
+    use super::*;
+
+    fn tar_of(members: &[(&str, tar::EntryType, &[u8], &str)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, kind, data, link) in members {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            // set_path refuses `..`; write the raw name like a hostile tool would.
+            let raw = &mut h.as_old_mut().name;
+            raw[..name.len()].copy_from_slice(name.as_bytes());
+            if !link.is_empty() {
+                h.set_link_name(link).unwrap();
+            }
+            h.set_cksum();
+            b.append(&h, *data).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn extracts_only_layout_files_and_stays_inside() {
+        let dir = tempfile::tempdir().unwrap();
+        let hex = "a".repeat(64);
+        let blob = format!("./blobs/sha256/{hex}");
+        let tar = tar_of(&[
+            ("./", tar::EntryType::Directory, b"", ""),
+            (
+                "./oci-layout",
+                tar::EntryType::Regular,
+                br#"{"imageLayoutVersion":"1.0.0"}"#,
+                "",
+            ),
+            ("./index.json", tar::EntryType::Regular, b"{}", ""),
+            (&blob, tar::EntryType::Regular, b"blob", ""),
+            (
+                "./blobs/sha256/evil",
+                tar::EntryType::Symlink,
+                b"",
+                "/etc/passwd",
+            ),
+            ("./blobs/sha256/bbbb", tar::EntryType::Regular, b"x", ""),
+            ("./other/file", tar::EntryType::Regular, b"x", ""),
+            ("./dev", tar::EntryType::Char, b"", ""),
+        ]);
+        let archive = dir.path().join("a.tar");
+        std::fs::write(&archive, tar).unwrap();
+        let dest = dir.path().join("out");
+        extract_archive(&archive, &dest, 1 << 20).unwrap();
+        assert_eq!(std::fs::read(dest.join("index.json")).unwrap(), b"{}");
+        assert_eq!(
+            std::fs::read(dest.join("blobs/sha256").join(&hex)).unwrap(),
+            b"blob"
+        );
+        let mut names: Vec<_> = std::fs::read_dir(dest.join("blobs/sha256"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, vec![std::ffi::OsString::from(&hex)]);
+        assert!(!dest.join("other").exists() && !dest.join("dev").exists());
+    }
+
+    #[test]
+    fn refuses_traversal_duplicates_and_oversize() {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("a.tar");
+        let outside = dir.path().join("index.json");
+        for (tar, limit, what) in [
+            (
+                tar_of(&[("../index.json", tar::EntryType::Regular, b"{}", "")]),
+                1 << 20,
+                "leads out",
+            ),
+            (
+                tar_of(&[
+                    ("index.json", tar::EntryType::Regular, b"{}", ""),
+                    ("./index.json", tar::EntryType::Regular, b"{}", ""),
+                ]),
+                1 << 20,
+                "twice",
+            ),
+            (
+                tar_of(&[("index.json", tar::EntryType::Regular, b"0123456789", "")]),
+                4,
+                "more than",
+            ),
+            (
+                b"not a tar at all, just text".repeat(40),
+                1 << 20,
+                "oci-archive",
+            ),
+        ] {
+            std::fs::write(&archive, tar).unwrap();
+            let dest = dir.path().join("out");
+            let err = extract_archive(&archive, &dest, limit).unwrap_err();
+            assert!(err.to_string().contains(what), "{what}: {err}");
+            assert!(!dest.exists(), "{what}: the partial extraction is removed");
+            assert!(!outside.exists(), "{what}");
+        }
+    }
 }

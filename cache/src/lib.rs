@@ -12,6 +12,7 @@ mod manifest;
 mod reference;
 mod registry;
 mod store;
+mod token;
 mod unpack;
 
 use std::fmt;
@@ -138,6 +139,18 @@ pub enum Credentials {
         /// Password; never printed.
         password: String,
     },
+    /// A registry token (docker's `registrytoken`): sent as is as
+    /// `Authorization: Bearer` to the registry, without a token exchange.
+    Bearer {
+        /// The token; never printed.
+        token: String,
+    },
+    /// An identity token (docker's `identitytoken`): an OAuth2 refresh token that is
+    /// exchanged at the registry's token endpoint for a repository-scoped access token.
+    IdentityToken {
+        /// The refresh token; never printed.
+        token: String,
+    },
 }
 
 impl fmt::Debug for Credentials {
@@ -149,6 +162,8 @@ impl fmt::Debug for Credentials {
                 .field("username", username)
                 .field("password", &"<redacted>")
                 .finish(),
+            Credentials::Bearer { .. } => f.write_str("Bearer(<redacted>)"),
+            Credentials::IdentityToken { .. } => f.write_str("IdentityToken(<redacted>)"),
         }
     }
 }
@@ -164,6 +179,9 @@ pub struct Image {
     pub layers: Vec<PathBuf>,
     /// The parts of the image config a run needs.
     pub config: ImageConfig,
+    /// Whether this `get` resolved the image in a registry (a pull), rather
+    /// than from the local reference index or an OCI layout.
+    pub pulled: bool,
 }
 
 /// The parts of an image config a run needs.
@@ -277,6 +295,20 @@ enum Source {
     Layout(PathBuf),
 }
 
+/// An extracted `oci-archive:`, removed when dropped unless it already was.
+struct Extracted {
+    path: PathBuf,
+    removed: bool,
+}
+
+impl Drop for Extracted {
+    fn drop(&mut self) {
+        if !self.removed {
+            let _ = unpack::remove_tree(&self.path);
+        }
+    }
+}
+
 /// An image whose single-platform manifest is known.
 struct Resolved {
     reference: String,
@@ -344,18 +376,44 @@ impl Cache {
     ) -> Result<Image, Error> {
         let image = &image.normalized()?;
         match image {
-            ImageRef::OciLayout { path, tag } => {
+            ImageRef::OciLayout { path, tag, archive } => {
                 let reference = image.to_string();
-                let (p, t, r) = (path.clone(), tag.clone(), reference.clone());
-                let (digest, manifest) =
-                    blocking(move || Ok(layout::resolve(&p, t.as_deref())?)).await?;
-                let resolved = Resolved {
-                    reference: r,
-                    digest,
-                    manifest,
+                // An archive is extracted to tmp/ and read like a layout directory.
+                let extracted = match archive {
+                    true => Some(self.extract_archive(path).await?),
+                    false => None,
                 };
-                self.materialize(resolved, Source::Layout(path.clone()))
-                    .await
+                let layout = extracted.as_ref().map_or(path, |e| &e.path).clone();
+                let (p, t, r) = (layout.clone(), tag.clone(), reference.clone());
+                let resolved = blocking(move || Ok(layout::resolve(&p, t.as_deref())?)).await;
+                let result = match resolved {
+                    Ok((digest, manifest)) => {
+                        let resolved = Resolved {
+                            reference: r,
+                            digest,
+                            manifest,
+                        };
+                        self.materialize(resolved, Source::Layout(layout)).await
+                    }
+                    Err(e) => Err(e),
+                };
+                let result = match (&extracted, result) {
+                    (Some(e), Err(Error::Layout(err))) => {
+                        Err(Error::Layout(err.relocated(&e.path, path)))
+                    }
+                    (_, result) => result,
+                };
+                if let Some(mut e) = extracted {
+                    let path = e.path.clone();
+                    e.removed = true;
+                    let _ = blocking(move || {
+                        unpack::remove_tree(&path).map_err(|e| {
+                            Error::Internal(format!("cannot remove {}: {e}", path.display()))
+                        })
+                    })
+                    .await;
+                }
+                result
             }
             ImageRef::Registry {
                 registry,
@@ -372,6 +430,20 @@ impl Cache {
                     .await
             }
         }
+    }
+
+    /// Extracts an `oci-archive:` tar into this process's tmp/ (swept if it dies).
+    async fn extract_archive(&self, archive: &Path) -> Result<Extracted, Error> {
+        let dest = self.inner.store.tmp_path("oci-archive");
+        // Layers are compressed and an archive holds little else: twice the unpacked
+        // limit bounds what an honest archive of one image needs.
+        let limit = self.inner.config.max_image_bytes.saturating_mul(2);
+        let (a, d) = (archive.to_owned(), dest.clone());
+        blocking(move || Ok(layout::extract_archive(&a, &d, limit)?)).await?;
+        Ok(Extracted {
+            path: dest,
+            removed: false,
+        })
     }
 
     async fn get_registry(
@@ -400,6 +472,7 @@ impl Cache {
         }
 
         tracing::info!(reference = %reference, "pulling image");
+        let creds = &self.inner.registries.exchange(&repo, creds).await?;
         let (top, resolved) = self
             .resolve_remote(&repo, tag, pinned.as_ref(), creds)
             .await?;
@@ -414,7 +487,10 @@ impl Cache {
             .await?;
         let inner = self.inner.clone();
         blocking(move || Ok(inner.store.write_ref(&reference, &top)?)).await?;
-        Ok(image)
+        Ok(Image {
+            pulled: true,
+            ..image
+        })
     }
 
     /// Resolves the reference in the registry, storing the manifest (and index) blobs.
@@ -592,6 +668,7 @@ impl Cache {
                 .collect(),
             config: parsed.config,
             reference,
+            pulled: false,
         })
     }
 

@@ -143,6 +143,7 @@ pub(crate) enum Manifest {
 pub(crate) enum Compression {
     None,
     Gzip,
+    Zstd,
 }
 
 fn descriptor(
@@ -288,9 +289,8 @@ pub(crate) fn layer_compression(media_type: &str) -> Result<Compression, String>
         | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
         | "application/vnd.docker.image.rootfs.diff.tar.gzip"
         | "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" => Ok(Compression::Gzip),
-        t if t.ends_with("+zstd") || t.ends_with(".zstd") => {
-            Err("zstd-compressed layers are not supported yet".into())
-        }
+        "application/vnd.oci.image.layer.v1.tar+zstd"
+        | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd" => Ok(Compression::Zstd),
         t => Err(format!("unsupported layer media type \"{}\"", truncate(t))),
     }
 }
@@ -511,7 +511,7 @@ mod tests {
                 d(1)
             ),
             format!(
-                r#"{{"schemaVersion":2,"mediaType":"{OCI_MANIFEST}","config":{{"mediaType":"{OCI_CONFIG}","digest":"{}","size":1}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+zstd","digest":"{}","size":1}}]}}"#,
+                r#"{{"schemaVersion":2,"mediaType":"{OCI_MANIFEST}","config":{{"mediaType":"{OCI_CONFIG}","digest":"{}","size":1}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+lz4","digest":"{}","size":1}}]}}"#,
                 d(1),
                 d(2)
             ),
@@ -526,6 +526,28 @@ mod tests {
             let err = parse_manifest(m.as_bytes(), &Digest::of(m.as_bytes())).expect_err(&m);
             assert_eq!(err.kind(), crate::ErrorKind::Corrupt, "{m}: {err}");
         }
+    }
+
+    #[test]
+    fn layer_media_types() {
+        for (t, c) in [
+            ("application/vnd.oci.image.layer.v1.tar", Compression::None),
+            (
+                "application/vnd.oci.image.layer.v1.tar+gzip",
+                Compression::Gzip,
+            ),
+            (
+                "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                Compression::Gzip,
+            ),
+            (
+                "application/vnd.oci.image.layer.v1.tar+zstd",
+                Compression::Zstd,
+            ),
+        ] {
+            assert_eq!(layer_compression(t), Ok(c), "{t}");
+        }
+        assert!(layer_compression("application/vnd.oci.image.layer.v1.tar+lz4").is_err());
     }
 
     #[test]

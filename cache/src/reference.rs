@@ -56,6 +56,8 @@ pub enum ImageRef {
         path: PathBuf,
         /// Matched against the `org.opencontainers.image.ref.name` annotation in index.json.
         tag: Option<String>,
+        /// `oci-archive:PATH[:TAG]`: `path` is a tar of the layout, not a directory.
+        archive: bool,
     },
 }
 
@@ -107,8 +109,9 @@ impl fmt::Display for ImageRef {
                 }
                 Ok(())
             }
-            ImageRef::OciLayout { path, tag } => {
-                write!(f, "oci:{}", path.display())?;
+            ImageRef::OciLayout { path, tag, archive } => {
+                let transport = if *archive { "oci-archive" } else { "oci" };
+                write!(f, "{transport}:{}", path.display())?;
                 if let Some(tag) = tag {
                     write!(f, ":{tag}")?;
                 }
@@ -129,17 +132,17 @@ pub(crate) fn parse(s: &str, default_registry: &str) -> Result<ImageRef, Referen
         ));
     }
     if let Some(rest) = s.strip_prefix("oci:") {
-        return parse_oci_layout(s, rest);
+        return parse_oci_layout(s, rest, false);
     }
-    if s.starts_with("oci-archive:") {
-        return Err(invalid(s, "oci-archive references are not supported yet"));
+    if let Some(rest) = s.strip_prefix("oci-archive:") {
+        return parse_oci_layout(s, rest, true);
     }
     parse_registry(s, default_registry)
 }
 
-/// `oci:PATH[:TAG]`. Like skopeo, the path ends at the first `:`, so the path itself
-/// cannot contain one.
-fn parse_oci_layout(s: &str, rest: &str) -> Result<ImageRef, ReferenceError> {
+/// `oci:PATH[:TAG]` and `oci-archive:PATH[:TAG]`. Like skopeo, the path ends at the
+/// first `:`, so the path itself cannot contain one.
+fn parse_oci_layout(s: &str, rest: &str, archive: bool) -> Result<ImageRef, ReferenceError> {
     let (path, tag) = match rest.split_once(':') {
         Some((path, tag)) => (path, Some(tag)),
         None => (rest, None),
@@ -166,6 +169,7 @@ fn parse_oci_layout(s: &str, rest: &str) -> Result<ImageRef, ReferenceError> {
     Ok(ImageRef::OciLayout {
         path: PathBuf::from(path),
         tag: tag.map(str::to_owned),
+        archive,
     })
 }
 
@@ -492,7 +496,8 @@ mod tests {
             parse("oci:/tmp/layout", DOCKER_HUB).unwrap(),
             ImageRef::OciLayout {
                 path: "/tmp/layout".into(),
-                tag: None
+                tag: None,
+                archive: false,
             }
         );
         let r = parse("oci:./dir:v1.0", DOCKER_HUB).unwrap();
@@ -500,10 +505,21 @@ mod tests {
             r,
             ImageRef::OciLayout {
                 path: "./dir".into(),
-                tag: Some("v1.0".into())
+                tag: Some("v1.0".into()),
+                archive: false,
             }
         );
         assert_eq!(r.to_string(), "oci:./dir:v1.0");
+        let r = parse("oci-archive:/tmp/img.tar:v1", DOCKER_HUB).unwrap();
+        assert_eq!(
+            r,
+            ImageRef::OciLayout {
+                path: "/tmp/img.tar".into(),
+                tag: Some("v1".into()),
+                archive: true,
+            }
+        );
+        assert_eq!(r.to_string(), "oci-archive:/tmp/img.tar:v1");
     }
 
     #[test]
@@ -540,7 +556,8 @@ mod tests {
             "oci::tag",
             "oci:/path:",
             "oci:/path:bad tag",
-            "oci-archive:/x.tar",
+            "oci-archive:",
+            "oci-archive:/x.tar:",
             &long_repo,
         ];
         for input in cases {

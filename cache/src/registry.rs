@@ -137,6 +137,31 @@ fn chain(e: &dyn std::error::Error) -> String {
     truncate(&s)
 }
 
+/// The oci-client authentication for `creds`, and the secret that keys its client.
+/// Identity tokens must have been exchanged first ([`Registries::exchange`]).
+pub(crate) fn registry_auth(
+    repo: &Repo,
+    creds: &Credentials,
+) -> Result<(RegistryAuth, String), RegistryError> {
+    Ok(match creds {
+        Credentials::Anonymous => (RegistryAuth::Anonymous, String::new()),
+        Credentials::Basic { username, password } => (
+            RegistryAuth::Basic(username.clone(), password.clone()),
+            format!("basic\0{username}\0{password}"),
+        ),
+        Credentials::Bearer { token } => (
+            RegistryAuth::Bearer(token.clone()),
+            format!("bearer\0{token}"),
+        ),
+        Credentials::IdentityToken { .. } => {
+            return Err(RegistryError::Unauthorized {
+                reference: repo.reference.clone(),
+                detail: "internal error: the identity token was not exchanged".into(),
+            });
+        }
+    })
+}
+
 /// Clients per (registry, credentials).
 pub(crate) struct Registries {
     clients: Mutex<HashMap<String, Client>>,
@@ -156,13 +181,7 @@ impl Registries {
         repo: &Repo,
         creds: &Credentials,
     ) -> Result<(Client, RegistryAuth), RegistryError> {
-        let (auth, secret) = match creds {
-            Credentials::Anonymous => (RegistryAuth::Anonymous, String::new()),
-            Credentials::Basic { username, password } => (
-                RegistryAuth::Basic(username.clone(), password.clone()),
-                format!("basic\0{username}\0{password}"),
-            ),
-        };
+        let (auth, secret) = registry_auth(repo, creds)?;
         // Only a hash of the credentials is kept as the key.
         let key = format!("{}\0{}", repo.registry, Digest::of(secret.as_bytes()).hex());
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
@@ -191,6 +210,21 @@ impl Registries {
         }
         clients.insert(key, client.clone());
         Ok((client, auth))
+    }
+
+    /// Credentials the registry requests can use: an identity token is exchanged for a
+    /// bearer access token scoped to `repo`; everything else is returned as is.
+    pub(crate) async fn exchange(
+        &self,
+        repo: &Repo,
+        creds: &Credentials,
+    ) -> Result<Credentials, RegistryError> {
+        match creds {
+            Credentials::IdentityToken { token } => Ok(Credentials::Bearer {
+                token: crate::token::exchange(repo, token, &self.insecure).await?,
+            }),
+            other => Ok(other.clone()),
+        }
     }
 
     /// Fetches a manifest or index by tag or digest and verifies it against a pinned digest.
@@ -507,5 +541,203 @@ mod tests {
             msg.contains("127.0.0.1:1/fn:latest") && !msg.contains("s3cret"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn credentials_map_to_registry_auth() {
+        let repo = Repo {
+            registry: "r.example".into(),
+            repository: "fn".into(),
+            reference: "r.example/fn:latest".into(),
+        };
+        let (auth, key) = registry_auth(&repo, &Credentials::Anonymous).unwrap();
+        assert_eq!(auth, RegistryAuth::Anonymous);
+        assert!(key.is_empty());
+        let basic = Credentials::Basic {
+            username: "u".into(),
+            password: "p".into(),
+        };
+        let (auth, basic_key) = registry_auth(&repo, &basic).unwrap();
+        assert_eq!(auth, RegistryAuth::Basic("u".into(), "p".into()));
+        let bearer = Credentials::Bearer { token: "p".into() };
+        let (auth, bearer_key) = registry_auth(&repo, &bearer).unwrap();
+        assert_eq!(auth, RegistryAuth::Bearer("p".into()));
+        assert_ne!(
+            basic_key, bearer_key,
+            "clients differ per kind of credential"
+        );
+        // An identity token is never sent as is.
+        let id = Credentials::IdentityToken {
+            token: "refresh-s3cret".into(),
+        };
+        let err = registry_auth(&repo, &id).unwrap_err();
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        let dbg = format!(
+            "{id:?} {:?}",
+            Credentials::Bearer {
+                token: "tok-s3cret".into()
+            }
+        );
+        assert!(!dbg.contains("s3cret"), "{dbg}");
+    }
+
+    /// A registry that wants bearer tokens from its own token endpoint, which grants
+    /// `ACCESS` for the refresh token `REFRESH` (and for nothing else).
+    async fn token_registry() -> (String, tokio::task::JoinHandle<()>) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let realm = format!("http://{addr}/token");
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let realm = realm.clone();
+                tokio::spawn(async move {
+                    let mut conn = BufReader::new(conn);
+                    loop {
+                        let mut head = Vec::new();
+                        loop {
+                            let mut line = String::new();
+                            if conn.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            head.push(line.trim_end().to_owned());
+                        }
+                        let header = |name: &str| {
+                            head.iter().find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                            })
+                        };
+                        let len: usize = header("content-length")
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(0);
+                        let mut body = vec![0; len];
+                        conn.read_exact(&mut body).await.unwrap();
+                        let body = String::from_utf8_lossy(&body).into_owned();
+                        let challenge = format!(
+                            "WWW-Authenticate: Bearer realm=\"{realm}\",service=\"fake\"\r\n"
+                        );
+                        let (status, extra, answer) = match head[0].as_str() {
+                            "GET /v2/ HTTP/1.1" => ("401 Unauthorized", challenge, "{}".into()),
+                            "POST /token HTTP/1.1" => {
+                                let fields: Vec<&str> = body.split('&').collect();
+                                let ok = [
+                                    "grant_type=refresh_token",
+                                    "refresh_token=REFRESH",
+                                    "service=fake",
+                                    "scope=repository%3Afn%3Apull",
+                                ]
+                                .iter()
+                                .all(|f| fields.contains(f));
+                                if ok {
+                                    (
+                                        "200 OK",
+                                        String::new(),
+                                        r#"{"access_token":"ACCESS","expires_in":300}"#.into(),
+                                    )
+                                } else {
+                                    ("401 Unauthorized", String::new(), "{}".into())
+                                }
+                            }
+                            "GET /v2/fn/manifests/latest HTTP/1.1"
+                                if header("authorization").as_deref() == Some("Bearer ACCESS") =>
+                            {
+                                (
+                                    "200 OK",
+                                    "Content-Type: application/vnd.oci.image.manifest.v1+json\r\n"
+                                        .into(),
+                                    r#"{"schemaVersion":2}"#.to_owned(),
+                                )
+                            }
+                            _ => (
+                                "401 Unauthorized",
+                                challenge,
+                                r#"{"errors":[{"code":"UNAUTHORIZED","message":"no"}]}"#.into(),
+                            ),
+                        };
+                        let resp = format!(
+                            "HTTP/1.1 {status}\r\n{extra}Content-Length: {}\r\n\r\n{answer}",
+                            answer.len()
+                        );
+                        if conn.get_mut().write_all(resp.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, task)
+    }
+
+    #[tokio::test]
+    async fn identity_and_registry_tokens() {
+        let (addr, task) = token_registry().await;
+        let regs = Registries::new(Vec::new());
+        let repo = Repo {
+            registry: addr.clone(),
+            repository: "fn".into(),
+            reference: format!("{addr}/fn:latest"),
+        };
+        // The identity token is exchanged for the access token, which pulls.
+        let id = Credentials::IdentityToken {
+            token: "REFRESH".into(),
+        };
+        let creds = regs.exchange(&repo, &id).await.unwrap();
+        assert_eq!(
+            creds,
+            Credentials::Bearer {
+                token: "ACCESS".into()
+            }
+        );
+        let (bytes, _) = regs
+            .manifest(&repo, &creds, Some("latest"), None)
+            .await
+            .unwrap();
+        assert_eq!(bytes, br#"{"schemaVersion":2}"#);
+        // A registry token is used as is.
+        let (bytes, _) = regs
+            .manifest(
+                &repo,
+                &Credentials::Bearer {
+                    token: "ACCESS".into(),
+                },
+                Some("latest"),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(bytes, br#"{"schemaVersion":2}"#);
+        // Wrong tokens are refused, and never shown.
+        let err = regs
+            .exchange(
+                &repo,
+                &Credentials::IdentityToken {
+                    token: "WRONG-s3cret".into(),
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Unauthorized, "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        let err = regs
+            .manifest(
+                &repo,
+                &Credentials::Bearer {
+                    token: "WRONG-s3cret".into(),
+                },
+                Some("latest"),
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Unauthorized, "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        task.abort();
     }
 }

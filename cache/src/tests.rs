@@ -811,12 +811,20 @@ async fn registry_pull_and_policies() {
     // Without the registry: cached images need no network, Always does.
     drop(reg);
     let cached = cache.get(&r, PullPolicy::Never, &anon).await.unwrap();
-    assert_eq!(cached, image);
-    let cached = cache
+    assert!(image.pulled, "the first get pulled");
+    assert!(!cached.pulled, "a cached get does not pull");
+    assert_eq!(
+        cached,
+        Image {
+            pulled: false,
+            ..image.clone()
+        }
+    );
+    let cached_again = cache
         .get(&r, PullPolicy::IfNotPresent, &anon)
         .await
         .unwrap();
-    assert_eq!(cached, image);
+    assert_eq!(cached_again, cached);
     let err = cache.get(&r, PullPolicy::Always, &anon).await.unwrap_err();
     eprintln!("error: {err}");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
@@ -824,8 +832,8 @@ async fn registry_pull_and_policies() {
     // A fresh cache on the same root (a restarted daemon) still has it.
     drop(cache);
     let cache = cache_at(&tmp.path().join("cache"));
-    let cached = cache.get(&r, PullPolicy::Never, &anon).await.unwrap();
-    assert_eq!(cached, image);
+    let restarted = cache.get(&r, PullPolicy::Never, &anon).await.unwrap();
+    assert_eq!(restarted, cached);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -880,36 +888,4 @@ async fn registry_basic_auth() {
         .unwrap_err();
     eprintln!("error: {err}");
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
-}
-
-/// Pulls a small multi-arch image from Docker Hub (bearer tokens, manifest lists, Docker
-/// media types, blob redirects). Needs the internet: `cargo test -- --ignored docker_hub`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs access to Docker Hub"]
-async fn docker_hub_pull() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cache = cache_at(&tmp.path().join("cache"));
-    let r = cache.parse_reference("busybox:1.36").unwrap();
-    let image = cache
-        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
-        .await
-        .unwrap();
-    assert_eq!(image.reference, "index.docker.io/library/busybox:1.36");
-    assert!(image.layers[0].join("bin/busybox").exists());
-    assert_eq!(image.config.cmd, vec!["sh"]);
-    let err = cache
-        .get(
-            &cache
-                .parse_reference("fnrun-does-not-exist/nothing-here:v0")
-                .unwrap(),
-            PullPolicy::Always,
-            &Credentials::Anonymous,
-        )
-        .await
-        .unwrap_err();
-    eprintln!("error: {err}");
-    assert!(
-        matches!(err.kind(), ErrorKind::Unauthorized | ErrorKind::NotFound),
-        "{err}"
-    );
 }

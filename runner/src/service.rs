@@ -23,6 +23,7 @@ pub fn code(class: Class) -> Code {
         Class::InvalidArgument => Code::InvalidArgument,
         Class::NotFound => Code::NotFound,
         Class::Unauthenticated => Code::Unauthenticated,
+        Class::PermissionDenied => Code::PermissionDenied,
         Class::FailedPrecondition => Code::FailedPrecondition,
         Class::DeadlineExceeded => Code::DeadlineExceeded,
         Class::ResourceExhausted => Code::ResourceExhausted,
@@ -114,8 +115,20 @@ pub fn decode(req: RunFunctionRequest) -> Result<RunRequest, String> {
     Ok(run)
 }
 
-/// Credentials from an `ImagePullAuth`, in the order docker reads them.
+/// Credentials from an `ImagePullAuth`, in the order docker uses them: a registry
+/// token (sent as is), an identity token (an OAuth2 refresh token, exchanged at the
+/// registry's token endpoint), username/password, then `auth`.
 fn credentials(auth: &ImagePullAuth) -> Result<Credentials, String> {
+    if !auth.registry_token.is_empty() {
+        return Ok(Credentials::Bearer {
+            token: auth.registry_token.clone(),
+        });
+    }
+    if !auth.identity_token.is_empty() {
+        return Ok(Credentials::IdentityToken {
+            token: auth.identity_token.clone(),
+        });
+    }
     if !auth.username.is_empty() || !auth.password.is_empty() {
         return Ok(Credentials::Basic {
             username: auth.username.clone(),
@@ -136,13 +149,66 @@ fn credentials(auth: &ImagePullAuth) -> Result<Credentials, String> {
             password: password.to_owned(),
         });
     }
-    if !auth.identity_token.is_empty() || !auth.registry_token.is_empty() {
-        return Err(
-            "identity and registry tokens are not supported yet; use username/password or auth"
-                .into(),
-        );
-    }
     Ok(Credentials::Anonymous)
+}
+
+#[cfg(test)]
+mod credentials_tests {
+    use super::*;
+
+    #[test]
+    fn every_form_of_image_pull_auth() {
+        let with = |f: fn(&mut ImagePullAuth)| {
+            let mut a = ImagePullAuth::default();
+            f(&mut a);
+            credentials(&a)
+        };
+        assert_eq!(with(|_| {}), Ok(Credentials::Anonymous));
+        assert_eq!(
+            with(|a| {
+                a.username = "u".into();
+                a.password = "p".into();
+            }),
+            Ok(Credentials::Basic {
+                username: "u".into(),
+                password: "p".into()
+            })
+        );
+        assert_eq!(
+            with(|a| a.auth = "dTpwOnc=".into()),
+            Ok(Credentials::Basic {
+                username: "u".into(),
+                password: "p:w".into()
+            })
+        );
+        assert_eq!(
+            with(|a| {
+                a.identity_token = "refresh".into();
+                a.username = "u".into();
+            }),
+            Ok(Credentials::IdentityToken {
+                token: "refresh".into()
+            })
+        );
+        assert_eq!(
+            with(|a| {
+                a.registry_token = "bearer".into();
+                a.identity_token = "refresh".into();
+                a.auth = "dTpw".into();
+            }),
+            Ok(Credentials::Bearer {
+                token: "bearer".into()
+            })
+        );
+        let mut a = ImagePullAuth {
+            auth: "bm9jb2xvbg==".into(),
+            ..Default::default()
+        };
+        let err = credentials(&a).unwrap_err();
+        assert!(!err.contains("nocolon"), "{err}");
+        a.auth = "%%%".into();
+        assert!(credentials(&a).is_err());
+    }
 }
 
 #[cfg(test)]
