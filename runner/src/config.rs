@@ -7,11 +7,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use fnrun_cache::{Cache, CacheConfig, LayerOwner};
 use fnrun_sandbox::{IdMap, Sandbox, SandboxConfig};
 
-use crate::runner::Runner;
+use crate::runner::{Admission, Runner};
 
 /// A rootless container function runner for Crossplane composition functions.
 #[derive(Debug, Parser)]
-#[command(name = "fnrun", version, about, propagate_version = true)]
+#[command(name = "fnrun", version = crate::VERSION, about, propagate_version = true)]
 pub struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -68,6 +68,17 @@ pub struct SandboxArgs {
     /// Most bytes of stdout a function may write.
     #[arg(long, default_value = "100Mi", value_parser = parse_size)]
     pub max_output_bytes: u64,
+    /// A seccomp profile file (JSON, see docs/seccomp.md) to use instead of
+    /// the default profile.
+    #[arg(long, value_name = "FILE", conflicts_with = "seccomp_unconfined")]
+    pub seccomp_profile: Option<PathBuf>,
+    /// Run functions without a seccomp filter (not recommended).
+    #[arg(long)]
+    pub seccomp_unconfined: bool,
+    /// Run anyway, with a warning, when a requested cpu or memory limit cannot
+    /// be enforced on this host (default: fail with FAILED_PRECONDITION).
+    #[arg(long)]
+    pub best_effort_limits: bool,
 }
 
 #[derive(Debug, Args)]
@@ -81,9 +92,33 @@ pub struct ServeArgs {
     /// Runs at once [default: 4 per core].
     #[arg(long)]
     pub max_concurrency: Option<usize>,
+    /// Calls that may wait for a run slot; beyond it calls fail at once with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
     /// Permissions of unix sockets (octal); never world-writable.
     #[arg(long, default_value = "0660", value_parser = parse_mode)]
     pub socket_mode: u32,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// On SIGTERM/SIGINT, how long in-flight runs may take to finish before
+    /// they are killed.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+    /// TLS certificate (PEM) for TCP listeners; unix sockets stay plain.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for `--tls-cert`.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle (PEM): TCP clients must present a certificate it signed (mTLS).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Only run images from this registry (HOST[:PORT]; `oci` for local
+    /// layouts). Repeatable; default: any.
+    #[arg(long = "allowed-registry", value_name = "HOST[:PORT]")]
+    pub allowed_registries: Vec<String>,
     #[command(flatten)]
     pub cache: CacheArgs,
     #[command(flatten)]
@@ -216,7 +251,7 @@ fn default_cache_dir() -> PathBuf {
 pub fn build_runner(
     cache: &CacheArgs,
     sandbox: &SandboxArgs,
-    max_concurrency: usize,
+    admission: Admission,
 ) -> anyhow::Result<Runner> {
     let root = cache.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let id_map = IdMap::detect(sandbox.map_root_uid, sandbox.map_root_gid);
@@ -242,9 +277,17 @@ pub fn build_runner(
     let mut sandbox_config = SandboxConfig::new(root.join("mnt"), id_map);
     sandbox_config.max_output_bytes = usize::try_from(sandbox.max_output_bytes)
         .map_err(|_| anyhow::anyhow!("--max-output-bytes is too large"))?;
+    sandbox_config.best_effort_limits = sandbox.best_effort_limits;
+    if sandbox.seccomp_unconfined {
+        sandbox_config.seccomp = None;
+    } else if let Some(path) = &sandbox.seccomp_profile {
+        let program = fnrun_seccomp::program_from_file(path)
+            .map_err(|e| anyhow::anyhow!("seccomp profile {}: {e}", path.display()))?;
+        sandbox_config.seccomp = Some(std::sync::Arc::new(program));
+    }
     let sandbox = Sandbox::new(sandbox_config)
         .map_err(|e| anyhow::anyhow!("cannot set up the sandbox: {e}"))?;
-    Ok(Runner::new(cache, sandbox, max_concurrency))
+    Ok(Runner::new(cache, sandbox, admission))
 }
 
 #[cfg(test)]

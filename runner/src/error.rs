@@ -17,6 +17,8 @@ pub enum Class {
     NotFound,
     /// The registry refused the credentials.
     Unauthenticated,
+    /// The runner refuses the request (e.g. a registry not allowed).
+    PermissionDenied,
     /// The request cannot run on this host or with this cache state.
     FailedPrecondition,
     /// The function ran past its timeout.
@@ -38,6 +40,13 @@ pub enum RunError {
     InvalidInput(#[source] fnrun_api::functionio::Error),
     #[error("{0}")]
     InvalidRequest(String),
+    #[error("runner is at capacity: {max_concurrency} runs in flight and {max_queue} calls queued")]
+    Overloaded {
+        max_concurrency: usize,
+        max_queue: usize,
+    },
+    #[error("images from registry {registry:?} are not allowed on this runner")]
+    RegistryNotAllowed { registry: String },
     #[error("{0}")]
     Image(#[from] fnrun_cache::Error),
     #[error("{0}")]
@@ -85,6 +94,8 @@ impl RunError {
     pub fn class(&self) -> Class {
         match self {
             RunError::InvalidInput(_) | RunError::InvalidRequest(_) => Class::InvalidArgument,
+            RunError::Overloaded { .. } => Class::ResourceExhausted,
+            RunError::RegistryNotAllowed { .. } => Class::PermissionDenied,
             RunError::Image(e) => match e.kind() {
                 CacheKind::InvalidReference => Class::InvalidArgument,
                 CacheKind::NotFound => Class::NotFound,
@@ -111,7 +122,10 @@ impl RunError {
     /// A short outcome label for logs and metrics.
     pub fn outcome(&self) -> &'static str {
         match self {
-            RunError::InvalidInput(_) | RunError::InvalidRequest(_) => "invalid_request",
+            RunError::InvalidInput(_)
+            | RunError::InvalidRequest(_)
+            | RunError::RegistryNotAllowed { .. } => "invalid_request",
+            RunError::Overloaded { .. } => "rejected",
             RunError::Image(_) => "image_error",
             RunError::Sandbox(_) => "sandbox_error",
             RunError::FunctionFailed { .. } | RunError::FunctionKilled { .. } => "function_failed",

@@ -2,8 +2,10 @@
 //! functions. `main` only sets up logging, dispatches and prints the error.
 
 mod config;
+mod docker_config;
 mod error;
 mod listen;
+mod metrics;
 mod runner;
 mod serve;
 mod service;
@@ -13,12 +15,24 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use fnrun_cache::{Credentials, PullPolicy};
+use fnrun_cache::PullPolicy;
 use fnrun_sandbox::Network;
 
 use crate::config::{Cli, Command, LogFormat, NetworkPolicyArg, PullPolicyArg, RunArgs};
 use crate::error::Class;
 use crate::runner::RunRequest;
+
+/// Version with build facts, for `--version` and the start-up log line.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("FNRUN_GIT_COMMIT"),
+    ", ",
+    env!("FNRUN_TARGET"),
+    ", rustc ",
+    env!("FNRUN_RUSTC_VERSION"),
+    ")"
+);
 
 /// Exit codes of `fnrun run` (SPEC.md).
 const EXIT_FAILED: u8 = 1;
@@ -27,6 +41,9 @@ const EXIT_TIMEOUT: u8 = 124;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Both of rustls's crypto providers are linked (reqwest brings aws-lc-rs,
+    // tonic's TLS ring); pick one for the process so TLS never guesses.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         // `run` prints the output FunctionIO and, on failure, one error line.
@@ -74,7 +91,7 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let runner = match config::build_runner(&args.cache, &args.sandbox, 1) {
+    let runner = match config::build_runner(&args.cache, &args.sandbox, runner::Admission::ONE) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("fnrun: {e:#}");
@@ -85,7 +102,13 @@ fn run(args: RunArgs) -> ExitCode {
     req.timeout = args.timeout;
     req.memory_bytes = args.memory;
     req.cpu_millis = args.cpu;
-    req.credentials = Credentials::Anonymous;
+    req.credentials = match docker_config::credentials_for_image(runner.cache(), &req.image) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fnrun: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
     req.pull_policy = match args.image_pull_policy {
         PullPolicyArg::IfNotPresent => PullPolicy::IfNotPresent,
         PullPolicyArg::Always => PullPolicy::Always,
@@ -140,7 +163,7 @@ fn read_input(path: &str) -> std::io::Result<Vec<u8>> {
 }
 
 fn pull(args: config::PullArgs) -> ExitCode {
-    let runner = match config::build_runner(&args.cache, &args.sandbox, 1) {
+    let runner = match config::build_runner(&args.cache, &args.sandbox, runner::Admission::ONE) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("fnrun: {e:#}");
@@ -151,11 +174,15 @@ fn pull(args: config::PullArgs) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
     for image in &args.images {
         let result = rt.block_on(async {
+            let creds = docker_config::credentials_for_image(runner.cache(), image)
+                .map_err(PullError::Config)?;
             let reference = runner.cache().parse_reference(image)?;
-            runner
-                .cache()
-                .get(&reference, PullPolicy::Always, &Credentials::Anonymous)
-                .await
+            Ok::<_, PullError>(
+                runner
+                    .cache()
+                    .get(&reference, PullPolicy::Always, &creds)
+                    .await?,
+            )
         });
         match result {
             Ok(img) => println!("{} {}", img.reference, img.digest),
@@ -166,6 +193,15 @@ fn pull(args: config::PullArgs) -> ExitCode {
         }
     }
     code
+}
+
+/// Why `fnrun pull` failed for one image.
+#[derive(Debug, thiserror::Error)]
+enum PullError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Cache(#[from] fnrun_cache::Error),
 }
 
 #[cfg(test)]

@@ -3,14 +3,16 @@
 //! about tonic.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use fnrun_api::functionio;
-use fnrun_cache::{Cache, Credentials, PullPolicy};
+use fnrun_cache::{Cache, Credentials, ErrorKind, ImageRef, PullPolicy};
 use fnrun_sandbox::{IdMap, Limits, Network, RunSpec, Sandbox, Status};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::error::RunError;
+use crate::metrics::Metrics;
 use crate::user;
 
 /// Default function timeout (SPEC.md).
@@ -50,26 +52,81 @@ impl RunRequest {
 pub struct RunOutput {
     pub output: Vec<u8>,
     pub digest: String,
+    pub peak_memory_bytes: Option<u64>,
+    pub cpu_time: Option<Duration>,
+}
+
+/// How many runs execute at once and how many calls may wait for a slot.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission {
+    pub max_concurrency: usize,
+    /// Calls waiting beyond this are refused at once.
+    pub max_queue: usize,
+}
+
+impl Admission {
+    /// One run at a time and a queue for one call: the CLI.
+    pub const ONE: Admission = Admission {
+        max_concurrency: 1,
+        max_queue: 1,
+    };
 }
 
 /// The core runner: an image cache and a sandbox, shared by every call.
 pub struct Runner {
     cache: Arc<Cache>,
     sandbox: Sandbox,
+    admission: Admission,
     slots: Semaphore,
+    allowed_registries: Vec<String>,
+    metrics: Arc<Metrics>,
+}
+
+/// Holds one unit of a gauge (a queued call, a run in flight) until dropped.
+struct Gauge<'a>(&'a AtomicI64);
+
+impl<'a> Gauge<'a> {
+    /// Adds one; returns the guard and the value before.
+    fn enter(gauge: &'a AtomicI64) -> (Self, i64) {
+        let before = gauge.fetch_add(1, Ordering::SeqCst);
+        (Gauge(gauge), before)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Runner {
-    pub fn new(cache: Cache, sandbox: Sandbox, max_concurrency: usize) -> Self {
+    pub fn new(cache: Cache, sandbox: Sandbox, admission: Admission) -> Self {
         Runner {
             cache: Arc::new(cache),
             sandbox,
-            slots: Semaphore::new(max_concurrency.max(1)),
+            slots: Semaphore::new(admission.max_concurrency.max(1)),
+            admission,
+            allowed_registries: Vec::new(),
+            metrics: Arc::new(Metrics::default()),
         }
+    }
+
+    /// Refuses images from registries not in `registries` (empty: allow all).
+    pub fn with_allowed_registries(mut self, registries: Vec<String>) -> Self {
+        self.allowed_registries = registries;
+        self
     }
 
     pub fn cache(&self) -> &Cache {
         &self.cache
+    }
+
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Runs one function call and logs one line about it.
@@ -78,23 +135,66 @@ impl Runner {
         let image = req.image.clone();
         let result = self.run_inner(req).await;
         let elapsed = start.elapsed();
+        let ms = elapsed.as_millis() as u64;
         match &result {
-            Ok(out) => tracing::info!(
-                image,
-                digest = out.digest,
-                outcome = "ok",
-                duration_ms = elapsed.as_millis() as u64,
-                "function run"
-            ),
-            Err(e) => tracing::info!(
-                image,
-                outcome = e.outcome(),
-                duration_ms = elapsed.as_millis() as u64,
-                error = %e,
-                "function run"
-            ),
+            Ok(out) => {
+                self.metrics.run_finished("ok", elapsed);
+                tracing::info!(
+                    image,
+                    digest = out.digest,
+                    outcome = "ok",
+                    duration_ms = ms,
+                    peak_memory_bytes = out.peak_memory_bytes,
+                    cpu_time_ms = out.cpu_time.map(|d| d.as_millis() as u64),
+                    "function run"
+                );
+            }
+            Err(e) => {
+                self.metrics.run_finished(e.outcome(), elapsed);
+                tracing::info!(image, outcome = e.outcome(), duration_ms = ms, error = %e, "function run");
+            }
         }
         result
+    }
+
+    /// A run slot, waiting in a bounded queue for one.
+    async fn admit(&self) -> Result<SemaphorePermit<'_>, RunError> {
+        if let Ok(permit) = self.slots.try_acquire() {
+            return Ok(permit);
+        }
+        let start = Instant::now();
+        // The queue-depth gauge is the queue's own counter.
+        let (_queued, before) = Gauge::enter(&self.metrics.queued);
+        if usize::try_from(before).unwrap_or(0) >= self.admission.max_queue {
+            return Err(RunError::Overloaded {
+                max_concurrency: self.admission.max_concurrency,
+                max_queue: self.admission.max_queue,
+            });
+        }
+        let permit = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| RunError::InvalidRequest("runner is shutting down".into()))?;
+        self.metrics.queue_wait.observe(start.elapsed());
+        Ok(permit)
+    }
+
+    fn check_registry(&self, reference: &ImageRef) -> Result<(), RunError> {
+        if self.allowed_registries.is_empty() {
+            return Ok(());
+        }
+        let registry = match reference {
+            ImageRef::Registry { registry, .. } => registry.as_str(),
+            ImageRef::OciLayout { .. } => "oci",
+        };
+        if self.allowed_registries.iter().any(|r| r == registry) {
+            Ok(())
+        } else {
+            Err(RunError::RegistryNotAllowed {
+                registry: registry.to_owned(),
+            })
+        }
     }
 
     async fn run_inner(&self, req: RunRequest) -> Result<RunOutput, RunError> {
@@ -104,17 +204,35 @@ impl Runner {
             return Err(RunError::InvalidRequest("timeout must be positive".into()));
         }
         let reference = self.cache.parse_reference(&req.image)?;
+        self.check_registry(&reference)?;
 
-        let _slot = self
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| RunError::InvalidRequest("runner is shutting down".into()))?;
+        let _slot = self.admit().await?;
+        let _running = Gauge::enter(&self.metrics.in_flight);
 
-        let image = self
+        let pull_start = Instant::now();
+        let image = match self
             .cache
             .get(&reference, req.pull_policy, &req.credentials)
-            .await?;
+            .await
+        {
+            Ok(image) => {
+                if image.pulled {
+                    self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.pulls_ok.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.pull_duration.observe(pull_start.elapsed());
+                } else {
+                    self.metrics.cache_hits.fetch_add(1, Ordering::Relaxed);
+                }
+                image
+            }
+            Err(e) => {
+                if !matches!(e.kind(), ErrorKind::NotCached | ErrorKind::InvalidReference) {
+                    self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.pulls_failed.fetch_add(1, Ordering::Relaxed);
+                }
+                return Err(e.into());
+            }
+        };
 
         let exec_user = user::resolve(&image.config.user, &image.layers)
             .map_err(|e| RunError::InvalidRequest(e.to_string()))?;
@@ -192,6 +310,8 @@ impl Runner {
         Ok(RunOutput {
             output: outcome.stdout,
             digest: image.digest,
+            peak_memory_bytes: outcome.peak_memory_bytes,
+            cpu_time: outcome.cpu_time,
         })
     }
 }

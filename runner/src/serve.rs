@@ -7,10 +7,11 @@ use anyhow::Context;
 use fnrun_api::v1alpha1::containerized_function_runner_service_server::ContainerizedFunctionRunnerServiceServer;
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tonic::transport::Server;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::config::ServeArgs;
 use crate::listen::{ListenAddr, Listener};
+use crate::runner::Admission;
 use crate::service::FunctionRunnerService;
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -28,15 +29,43 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         .map(|a| a.parse())
         .collect::<anyhow::Result<_>>()?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let max_concurrency = args.max_concurrency.unwrap_or(4 * cores);
-    let runner = crate::config::build_runner(&args.cache, &args.sandbox, max_concurrency)?;
+    let admission = Admission {
+        max_concurrency: args.max_concurrency.unwrap_or(4 * cores),
+        max_queue: args.max_queue,
+    };
+    let runner = crate::config::build_runner(&args.cache, &args.sandbox, admission)?
+        .with_allowed_registries(args.allowed_registries.clone());
     tracing::info!(
         cache = %runner.cache().root().display(),
-        max_concurrency,
+        max_concurrency = admission.max_concurrency,
+        max_queue = admission.max_queue,
         "fnrun {} starting",
-        env!("CARGO_PKG_VERSION")
+        crate::VERSION
     );
+    tracing::info!(limits = %runner.sandbox().limit_support(), "limits this host can enforce");
     let runner = Arc::new(runner);
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let metrics_task = match args.metrics_listen {
+        Some(addr) => Some(
+            crate::metrics::serve(
+                addr,
+                runner.metrics().clone(),
+                runner.cache().root().to_path_buf(),
+                stopped(shutdown_rx.clone()),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(fnrun_api::v1alpha1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("build the reflection service")?;
     let service = ContainerizedFunctionRunnerServiceServer::new(FunctionRunnerService::new(runner))
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(128 << 20);
@@ -45,19 +74,21 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         .set_serving::<ContainerizedFunctionRunnerServiceServer<FunctionRunnerService>>()
         .await;
 
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let tls = tls_config(&args)?;
     let mut servers = Vec::new();
     let mut socket_files = Vec::new();
     for addr in &addrs {
         let listener = addr.bind(args.socket_mode)?;
         tracing::info!(address = %addr, "listening");
-        let router = Server::builder()
+        let mut builder = Server::builder();
+        if let (Listener::Tcp(_), Some(tls)) = (&listener, &tls) {
+            builder = builder.tls_config(tls.clone()).context("configure TLS")?;
+        }
+        let router = builder
             .add_service(health.clone())
+            .add_service(reflection.clone())
             .add_service(service.clone());
-        let mut rx = shutdown_rx.clone();
-        let shutdown = async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
+        let shutdown = stopped(shutdown_rx.clone());
         servers.push(match listener {
             Listener::Unix(l, path) => {
                 socket_files.extend(path);
@@ -77,18 +108,51 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         .set_not_serving::<ContainerizedFunctionRunnerServiceServer<FunctionRunnerService>>()
         .await;
     let _ = shutdown_tx.send(true);
-    for server in servers {
-        match server.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!("server ended with an error: {e}"),
-            Err(e) => tracing::warn!("server task failed: {e}"),
+    // In-flight runs get the grace period; then their tasks are aborted, which
+    // drops their sandboxes and so kills them.
+    let drain = futures::future::join_all(servers.iter_mut());
+    match tokio::time::timeout(args.shutdown_grace, drain).await {
+        Ok(results) => {
+            for result in results {
+                match result {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!("server ended with an error: {e}"),
+                    Err(e) => tracing::warn!("server task failed: {e}"),
+                }
+            }
         }
+        Err(_) => {
+            tracing::warn!(
+                grace = ?args.shutdown_grace,
+                "grace period over: killing the runs still in flight"
+            );
+            for server in &servers {
+                server.abort();
+            }
+        }
+    }
+    if let Some(task) = metrics_task {
+        let _ = task.await;
     }
     for path in socket_files {
         let _ = std::fs::remove_file(&path);
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// TLS for TCP listeners, from `--tls-cert`, `--tls-key` and `--tls-client-ca`.
+fn tls_config(args: &ServeArgs) -> anyhow::Result<Option<ServerTlsConfig>> {
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    let read =
+        |p: &std::path::PathBuf| std::fs::read(p).with_context(|| format!("read {}", p.display()));
+    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some(ca) = &args.tls_client_ca {
+        config = config.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    Ok(Some(config))
 }
 
 async fn wait_for_signal() -> anyhow::Result<&'static str> {

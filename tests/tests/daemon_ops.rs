@@ -1,0 +1,173 @@
+//! Daemon operations: admission, reflection, allowed registries, metrics that
+//! move with the runs, and build info.
+
+use std::time::{Duration, Instant};
+
+use fnrun_api::v1alpha1::SERVICE_NAME;
+use fnrun_tests::cli::Cli;
+use fnrun_tests::client::{self, Run};
+use fnrun_tests::daemon::{Daemon, DaemonOpts};
+use fnrun_tests::functionio::{SAMPLE, report_script};
+use fnrun_tests::image::TestImage;
+use fnrun_tests::registry::{Registry, free_port, http_get};
+use tonic::Code;
+
+#[tokio::test]
+async fn a_call_beyond_concurrency_and_queue_is_refused_at_once() {
+    let registry = Registry::start().expect("registry starts");
+    let image =
+        TestImage::script(&report_script("sleep 3", "slow")).push_to(&registry, "fns/slow:v1");
+    let daemon = Daemon::start(
+        DaemonOpts::default()
+            .arg("--max-concurrency")
+            .arg("1")
+            .arg("--max-queue")
+            .arg("0"),
+    )
+    .expect("fnrun serve starts");
+    let mut client = daemon.client().await.expect("connects");
+    // Warm the cache so the first call below is running, not pulling.
+    let warm = Run::new(&image, SAMPLE)
+        .timeout(Duration::from_secs(20))
+        .build();
+    client::run_function(&mut client, warm)
+        .await
+        .expect("warm run");
+
+    let first = {
+        let mut client = client.clone();
+        let image = image.clone();
+        tokio::spawn(async move {
+            client::run_function(&mut client, Run::new(&image, SAMPLE).build()).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let start = Instant::now();
+    let err = client::run_function(&mut client, Run::new(&image, SAMPLE).build())
+        .await
+        .expect_err("the second call is refused");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("at capacity"), "{}", err.message());
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    first
+        .await
+        .unwrap()
+        .expect("the first call still completes");
+}
+
+#[tokio::test]
+async fn reflection_lists_the_v1alpha1_service() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
+    let mut reflection = ServerReflectionClient::new(daemon.channel().await.expect("connects"));
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = reflection
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect("reflection answers")
+        .into_inner();
+    let response = responses.message().await.unwrap().expect("one response");
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection response {response:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.iter().any(|n| n == SERVICE_NAME), "{names:?}");
+    assert!(
+        names.iter().any(|n| n == "grpc.health.v1.Health"),
+        "{names:?}"
+    );
+}
+
+#[tokio::test]
+async fn images_from_other_registries_are_permission_denied() {
+    let registry = Registry::start().expect("registry starts");
+    let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let daemon = Daemon::start(
+        DaemonOpts::default()
+            .arg("--allowed-registry")
+            .arg("registry.example.org"),
+    )
+    .expect("fnrun serve starts");
+    let mut client = daemon.client().await.expect("connects");
+    let err = client::run_function(&mut client, Run::new(&image, SAMPLE).build())
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains(&registry.addr().to_string()),
+        "{}",
+        err.message()
+    );
+}
+
+fn sample(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{series} missing:\n{body}"))
+}
+
+#[tokio::test]
+async fn metrics_move_with_runs_pulls_and_failures() {
+    let registry = Registry::start().expect("registry starts");
+    let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    let daemon = Daemon::start(DaemonOpts::default().arg("--metrics-listen").arg(&addr))
+        .expect("fnrun serve starts");
+    let mut client = daemon.client().await.expect("connects");
+    let scrape = || http_get(&addr, "/metrics").expect("GET /metrics").1;
+    let before = scrape();
+
+    client::run_function(&mut client, Run::new(&image, SAMPLE).build())
+        .await
+        .expect("first run pulls");
+    client::run_function(&mut client, Run::new(&image, SAMPLE).build())
+        .await
+        .expect("second run is a cache hit");
+    let missing = format!("{}/fns/missing:v1", registry.addr());
+    client::run_function(&mut client, Run::new(&missing, SAMPLE).build())
+        .await
+        .expect_err("not found");
+    let after = scrape();
+
+    for (series, delta) in [
+        ("fnrun_runs_total{outcome=\"ok\"}", 2.0),
+        ("fnrun_runs_total{outcome=\"image_error\"}", 1.0),
+        ("fnrun_run_duration_seconds_count", 3.0),
+        ("fnrun_pulls_total{result=\"ok\"}", 1.0),
+        ("fnrun_pulls_total{result=\"error\"}", 1.0),
+        ("fnrun_pull_duration_seconds_count", 1.0),
+        ("fnrun_cache_hits_total", 1.0),
+        ("fnrun_cache_misses_total", 2.0),
+    ] {
+        assert_eq!(
+            sample(&after, series) - sample(&before, series),
+            delta,
+            "{series}"
+        );
+    }
+    assert!(sample(&after, "fnrun_cache_bytes") > sample(&before, "fnrun_cache_bytes"));
+    assert_eq!(sample(&after, "fnrun_runs_in_flight"), 0.0);
+    assert_eq!(sample(&after, "fnrun_queue_depth"), 0.0);
+}
+
+#[test]
+fn version_has_build_info() {
+    let cli = Cli::new().expect("cli");
+    let out = cli.run(&["--version"], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.starts_with("fnrun 0."), "{}", out.stdout);
+    assert!(out.stdout.contains("rustc"), "{}", out.stdout);
+}
