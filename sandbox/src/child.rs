@@ -179,6 +179,7 @@ fn remount_read_only(path: &CStr) -> sys::SysResult<()> {
 #[repr(u32)]
 pub enum ExecStage {
     Stdio = 0,
+    Signals,
     CloseFds,
     Workdir,
     NoNewPrivs,
@@ -199,6 +200,7 @@ impl ExecStage {
         use ExecStage::*;
         [
             Stdio,
+            Signals,
             CloseFds,
             Workdir,
             NoNewPrivs,
@@ -220,6 +222,7 @@ impl ExecStage {
     pub fn describe(self) -> &'static str {
         match self {
             ExecStage::Stdio => "set up stdio",
+            ExecStage::Signals => "reset signal dispositions",
             ExecStage::CloseFds => "close inherited file descriptors",
             ExecStage::Workdir => "change to the working directory",
             ExecStage::NoNewPrivs => "set no_new_privs",
@@ -437,6 +440,9 @@ fn function_main(plan: &Plan, ptrs: &ExecPointers) -> ! {
     })();
     if let Err(e) = stdio {
         fail_exec(plan, Stdio, e);
+    }
+    if let Err(e) = sys::reset_signals() {
+        fail_exec(plan, Signals, e);
     }
     // Every other descriptor closes at exec; the report pipe stays usable until then.
     if let Err(e) = sys::cloexec_from(3) {

@@ -236,6 +236,47 @@ pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> SysResult<()> {
     .map(drop)
 }
 
+/// Restores the default action of every signal and unblocks them all.
+///
+/// Ignored signals and the signal mask survive execve: without this the
+/// function would inherit the runner's (a Rust program ignores SIGPIPE, so
+/// `yes | head` would never end) or its parent's.
+pub fn reset_signals() -> SysResult<()> {
+    // The kernel's `struct sigaction` for SIG_DFL, no flags, an empty mask is
+    // all zeros on every architecture (SIG_DFL is 0), whatever its layout.
+    let dfl = [0u64; 4];
+    const SIGSET_SIZE: usize = 8;
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: `dfl` outlives the call and is at least as large as the
+        // kernel's sigaction; no old action is requested.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                dfl.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                SIGSET_SIZE,
+            )
+        };
+        check(ret)?;
+    }
+    let empty: u64 = 0;
+    // SAFETY: `empty` is a valid kernel sigset of SIGSET_SIZE bytes.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &empty as *const u64,
+            std::ptr::null_mut::<u64>(),
+            SIGSET_SIZE,
+        )
+    })
+    .map(drop)
+}
+
 /// Clears the effective, permitted and inheritable capability sets.
 pub fn capset_none() -> SysResult<()> {
     #[repr(C)]

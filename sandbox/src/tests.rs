@@ -219,6 +219,26 @@ async fn reports_exit_code_and_stderr_tail() {
 }
 
 #[tokio::test]
+async fn function_starts_with_default_signal_dispositions() {
+    let fx = Fixture::new();
+    // Executed directly: a shell would set its own dispositions.
+    let mut spec = fx.spec("");
+    spec.argv = vec![
+        "grep".into(),
+        "-E".into(),
+        "^Sig(Ign|Blk):".into(),
+        "/proc/self/status".into(),
+    ];
+    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let s = text(&out.stdout);
+    assert_eq!(out.status, Status::Exited(0), "{s}");
+    // The runner ignores SIGPIPE (as every Rust program does); the function
+    // must not inherit that.
+    assert!(s.contains("SigBlk:\t0000000000000000"), "{s}");
+    assert!(s.contains("SigIgn:\t0000000000000000"), "{s}");
+}
+
+#[tokio::test]
 async fn killed_by_signal_is_reported() {
     let fx = Fixture::new();
     let out = fx.sh("kill -9 $$").await;
