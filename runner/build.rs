@@ -26,5 +26,9 @@ fn main() {
     );
     println!("cargo:rustc-env=FNRUN_RUSTC_VERSION={rustc_version}");
     println!("cargo:rerun-if-env-changed=FNRUN_GIT_COMMIT");
-    println!("cargo:rerun-if-changed=../.git/HEAD");
+    // Only where there is a git checkout: a path that does not exist would make
+    // cargo rebuild every time (for example in a release tarball).
+    if std::path::Path::new("../.git/HEAD").exists() {
+        println!("cargo:rerun-if-changed=../.git/HEAD");
+    }
 }

@@ -1,0 +1,246 @@
+//! `fnrun-loadgen`: calls `RunFunction` over a unix socket `N` times at each
+//! concurrency `C` and prints p50/p90/p99/max latency, throughput and errors,
+//! as a table (stderr) and as JSON (stdout or `--json FILE`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use fnrun_api::v1alpha1::RunFunctionRequest;
+use fnrun_api::v1alpha1::containerized_function_runner_service_client::ContainerizedFunctionRunnerServiceClient;
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tower::service_fn;
+
+type Client = ContainerizedFunctionRunnerServiceClient<Channel>;
+
+/// The URI is required by tonic but unused: the connector dials the socket.
+const DUMMY_URI: &str = "http://[::]:50051";
+
+#[derive(Debug, Parser)]
+#[command(about = "RunFunction load client for fnrun benchmarks")]
+struct Args {
+    /// The daemon's unix socket.
+    #[arg(long)]
+    socket: PathBuf,
+    /// The function image (as the daemon resolves it, e.g. oci:/path:tag).
+    #[arg(long)]
+    image: String,
+    /// Input FunctionIO file (default: a minimal document).
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// Calls per concurrency level.
+    #[arg(short = 'n', long, default_value_t = 500)]
+    requests: usize,
+    /// Concurrency levels, comma separated (e.g. 1,2,4,8).
+    #[arg(short = 'c', long, value_delimiter = ',', default_value = "1")]
+    concurrency: Vec<usize>,
+    /// Unmeasured calls before each level.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Hard limit on the wall time of one level (the run stops early, and
+    /// the remaining calls count as not made).
+    #[arg(long, default_value = "600")]
+    max_seconds: u64,
+    /// Per-call timeout.
+    #[arg(long, default_value = "30")]
+    call_timeout: u64,
+    /// Also write the raw latencies (ms) of each level into the JSON.
+    #[arg(long)]
+    raw: bool,
+    /// Label for the JSON (e.g. "fnrun").
+    #[arg(long, default_value = "fnrun")]
+    label: String,
+    /// Write JSON here instead of stdout.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Fail (exit 1) if any call failed.
+    #[arg(long)]
+    require_zero_errors: bool,
+}
+
+async fn connect(path: PathBuf) -> Result<Client> {
+    let channel = Endpoint::try_from(DUMMY_URI)?
+        .connect_with_connector(service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+        .context("cannot connect to the unix socket")?;
+    Ok(ContainerizedFunctionRunnerServiceClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    // Nearest-rank.
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+struct Level {
+    concurrency: usize,
+    latencies_ms: Vec<f64>,
+    errors: usize,
+    first_error: Option<String>,
+    wall: Duration,
+}
+
+async fn run_level(args: &Args, request: &RunFunctionRequest, c: usize) -> Result<Level> {
+    // One connection per worker: no HTTP/2 stream sharing between workers.
+    let mut clients = Vec::with_capacity(c);
+    for _ in 0..c {
+        clients.push(connect(args.socket.clone()).await?);
+    }
+    let timeout = Duration::from_secs(args.call_timeout);
+    // Warm-up on the first connection (pull/unpack already done by the caller).
+    for _ in 0..args.warmup {
+        let r = tokio::time::timeout(timeout, clients[0].run_function(request.clone())).await;
+        match r {
+            Ok(Ok(_)) => {}
+            Ok(Err(s)) => bail!("warm-up call failed: {s}"),
+            Err(_) => bail!("warm-up call timed out"),
+        }
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(args.max_seconds);
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(c);
+    for mut client in clients {
+        let next = Arc::clone(&next);
+        let request = request.clone();
+        let n = args.requests;
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0usize;
+            let mut first_error = None;
+            while next.fetch_add(1, Ordering::Relaxed) < n && Instant::now() < deadline {
+                let t = Instant::now();
+                let r = tokio::time::timeout(timeout, client.run_function(request.clone())).await;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                match r {
+                    Ok(Ok(resp)) if resp.get_ref().output.len() == request.input.len() => {
+                        lat.push(ms);
+                    }
+                    Ok(Ok(resp)) => {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| {
+                            format!("unexpected output of {} bytes", resp.get_ref().output.len())
+                        });
+                    }
+                    Ok(Err(s)) => {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| s.to_string());
+                    }
+                    Err(_) => {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| "client timeout".to_owned());
+                    }
+                }
+            }
+            (lat, errors, first_error)
+        }));
+    }
+    let mut level = Level {
+        concurrency: c,
+        latencies_ms: Vec::with_capacity(args.requests),
+        errors: 0,
+        first_error: None,
+        wall: Duration::ZERO,
+    };
+    for t in tasks {
+        let (lat, errors, first_error) = t.await?;
+        level.latencies_ms.extend(lat);
+        level.errors += errors;
+        if level.first_error.is_none() {
+            level.first_error = first_error;
+        }
+    }
+    level.wall = start.elapsed();
+    level.latencies_ms.sort_by(f64::total_cmp);
+    Ok(level)
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let input = match &args.input {
+        Some(path) => std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+        None => b"observed: {}\ndesired: {}\n".to_vec(),
+    };
+    let request = RunFunctionRequest {
+        image: args.image.clone(),
+        input,
+        ..Default::default()
+    };
+    // Two worker threads: the machine under test has two cores; the client
+    // should not take more than its share.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut levels = Vec::new();
+    for &c in &args.concurrency {
+        levels.push(rt.block_on(run_level(&args, &request, c.max(1)))?);
+    }
+
+    eprintln!(
+        "{:<10} {:>4} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "label", "conc", "calls", "errors", "p50 ms", "p90 ms", "p99 ms", "max ms", "mean ms", "runs/s"
+    );
+    let mut out = Vec::new();
+    let mut any_error = false;
+    for l in &levels {
+        let ok = l.latencies_ms.len();
+        let total = ok + l.errors;
+        let rps = total as f64 / l.wall.as_secs_f64();
+        let mean = l.latencies_ms.iter().sum::<f64>() / ok.max(1) as f64;
+        let (p50, p90, p99, max) = (
+            percentile(&l.latencies_ms, 50.0),
+            percentile(&l.latencies_ms, 90.0),
+            percentile(&l.latencies_ms, 99.0),
+            l.latencies_ms.last().copied().unwrap_or(f64::NAN),
+        );
+        eprintln!(
+            "{:<10} {:>4} {:>6} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9.1}",
+            args.label, l.concurrency, total, l.errors, p50, p90, p99, max, mean, rps
+        );
+        if let Some(e) = &l.first_error {
+            eprintln!("  first error: {e}");
+        }
+        any_error |= l.errors > 0;
+        let mut v = json!({
+            "label": args.label,
+            "concurrency": l.concurrency,
+            "calls": total,
+            "ok": ok,
+            "errors": l.errors,
+            "first_error": l.first_error,
+            "wall_s": l.wall.as_secs_f64(),
+            "throughput_per_s": rps,
+            "p50_ms": p50, "p90_ms": p90, "p99_ms": p99, "max_ms": max, "mean_ms": mean,
+        });
+        if args.raw {
+            v["latencies_ms"] = json!(l.latencies_ms);
+        }
+        out.push(v);
+    }
+    let doc = serde_json::to_string_pretty(&json!({ "levels": out }))?;
+    match &args.json {
+        Some(path) => std::fs::write(path, doc + "\n")?,
+        None => println!("{doc}"),
+    }
+    if args.require_zero_errors && any_error {
+        bail!("some calls failed");
+    }
+    Ok(())
+}
