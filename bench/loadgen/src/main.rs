@@ -174,7 +174,9 @@ async fn run_level(args: &Args, request: &RunFunctionRequest, c: usize) -> Resul
 fn main() -> Result<()> {
     let args = Args::parse();
     let input = match &args.input {
-        Some(path) => std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+        Some(path) => {
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+        }
         None => b"observed: {}\ndesired: {}\n".to_vec(),
     };
     let request = RunFunctionRequest {
@@ -195,7 +197,16 @@ fn main() -> Result<()> {
 
     eprintln!(
         "{:<10} {:>4} {:>6} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
-        "label", "conc", "calls", "errors", "p50 ms", "p90 ms", "p99 ms", "max ms", "mean ms", "runs/s"
+        "label",
+        "conc",
+        "calls",
+        "errors",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "mean ms",
+        "runs/s"
     );
     let mut out = Vec::new();
     let mut any_error = false;
