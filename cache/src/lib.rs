@@ -7,6 +7,7 @@
 //! layer content cannot touch anything outside its layer directory (see [`unpack`]).
 
 mod digest;
+mod gc;
 mod layout;
 mod manifest;
 mod reference;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 
 pub use crate::digest::DigestError;
+pub use crate::gc::{CachedImage, Lease, PruneReport, VerifyReport};
 pub use crate::layout::LayoutError;
 pub use crate::manifest::ManifestError;
 pub use crate::reference::{DOCKER_HUB, ImageRef, ReferenceError};
@@ -56,6 +58,8 @@ pub struct CacheConfig {
     pub owner: LayerOwner,
     /// Unpacked size limit of one image.
     pub max_image_bytes: u64,
+    /// PEM CA certificates trusted for HTTPS registries in addition to the system roots.
+    pub ca_bundle: Option<Vec<u8>>,
 }
 
 impl CacheConfig {
@@ -67,6 +71,7 @@ impl CacheConfig {
             insecure_registries: Vec::new(),
             owner: LayerOwner::Identity,
             max_image_bytes: DEFAULT_MAX_IMAGE_BYTES,
+            ca_bundle: None,
         }
     }
 }
@@ -322,6 +327,8 @@ struct Inner {
     owner_tag: String,
     registries: Registries,
     locks: KeyedLocks,
+    /// When this process last recorded the use of each reference.
+    touched: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 /// The image cache. `Send + Sync`; share it in an `Arc`.
@@ -342,10 +349,16 @@ impl Cache {
     /// Opens the cache at `config.root`, creating its layout and removing tmp/ leftovers
     /// of processes that are gone.
     pub fn open(config: CacheConfig) -> Result<Cache, Error> {
+        // Registry TLS uses rustls with ring, the only provider linked; make it
+        // the process default (a no-op when the binary already did).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         config.owner.validate()?;
         let owner_tag = config.owner.tag();
         let store = Store::open(&config.root, &owner_tag)?;
-        let registries = Registries::new(config.insecure_registries.clone());
+        let registries = Registries::new(
+            config.insecure_registries.clone(),
+            config.ca_bundle.as_deref(),
+        )?;
         Ok(Cache {
             inner: Arc::new(Inner {
                 store,
@@ -353,6 +366,7 @@ impl Cache {
                 owner_tag,
                 registries,
                 locks: KeyedLocks::default(),
+                touched: Default::default(),
             }),
         })
     }
@@ -369,6 +383,34 @@ impl Cache {
 
     /// Returns the image, pulling and unpacking what is missing as `policy` allows.
     pub async fn get(
+        &self,
+        image: &ImageRef,
+        policy: PullPolicy,
+        creds: &Credentials,
+    ) -> Result<Image, Error> {
+        let inner = self.inner.clone();
+        let _gc = blocking(move || Ok(inner.store.gc_lock(false)?)).await?;
+        self.get_unlocked(image, policy, creds).await
+    }
+
+    /// Like [`Cache::get`], and leases the image (see [`Cache::lease`]) before any
+    /// prune can remove it: hold the lease while the image is in use.
+    pub async fn get_leased(
+        &self,
+        image: &ImageRef,
+        policy: PullPolicy,
+        creds: &Credentials,
+    ) -> Result<(Image, Lease), Error> {
+        let inner = self.inner.clone();
+        let gc = blocking(move || Ok(inner.store.gc_lock(false)?)).await?;
+        let image = self.get_unlocked(image, policy, creds).await?;
+        let (inner, i) = (self.inner.clone(), image.clone());
+        let lease = blocking(move || Ok(inner.store.lease_image(&i)?)).await?;
+        drop(gc);
+        Ok((image, lease))
+    }
+
+    async fn get_unlocked(
         &self,
         image: &ImageRef,
         policy: PullPolicy,
@@ -456,19 +498,21 @@ impl Cache {
     ) -> Result<Image, Error> {
         let reference = repo.reference.clone();
         if policy != PullPolicy::Always {
-            let inner = self.inner.clone();
-            let (r, p) = (reference.clone(), pinned.clone());
-            let local = blocking(move || inner.resolve_local(&r, p)).await?;
-            if let Some(resolved) = local {
-                match self.materialize(resolved, Source::Local).await {
-                    Err(Error::NotCached { .. }) if policy == PullPolicy::IfNotPresent => {
-                        tracing::info!(reference = %reference, "cached image is incomplete; pulling");
-                    }
-                    other => return other,
-                }
-            } else if policy == PullPolicy::Never {
+            if let Some(image) = self.get_local(&reference, pinned.as_ref(), policy).await {
+                return image;
+            }
+            if policy == PullPolicy::Never {
                 return Err(Error::NotCached { reference });
             }
+        }
+
+        // Single flight: one pull of a reference at a time; a `get` that waited for
+        // another's pull uses its result (blobs are single-flighted in `ensure_blob`).
+        let _pull = self.inner.locks.lock(format!("pull/{reference}")).await;
+        if policy == PullPolicy::IfNotPresent
+            && let Some(image) = self.get_local(&reference, pinned.as_ref(), policy).await
+        {
+            return image;
         }
 
         tracing::info!(reference = %reference, "pulling image");
@@ -491,6 +535,34 @@ impl Cache {
             pulled: true,
             ..image
         })
+    }
+
+    /// The image from the local reference index, if it is there; `None` if it is not (or
+    /// is incomplete and `policy` allows pulling it).
+    async fn get_local(
+        &self,
+        reference: &str,
+        pinned: Option<&Digest>,
+        policy: PullPolicy,
+    ) -> Option<Result<Image, Error>> {
+        let inner = self.inner.clone();
+        let (r, p) = (reference.to_owned(), pinned.cloned());
+        let resolved = match blocking(move || inner.resolve_local(&r, p)).await {
+            Ok(Some(resolved)) => resolved,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        match self.materialize(resolved, Source::Local).await {
+            Err(Error::NotCached { .. }) if policy == PullPolicy::IfNotPresent => {
+                tracing::info!(reference = %reference, "cached image is incomplete; pulling");
+                None
+            }
+            Ok(image) => {
+                self.touch(reference).await;
+                Some(Ok(image))
+            }
+            other => Some(other),
+        }
     }
 
     /// Resolves the reference in the registry, storing the manifest (and index) blobs.
@@ -550,6 +622,32 @@ impl Cache {
                 manifest,
             },
         ))
+    }
+
+    /// Records the use of a cached reference, at most once a minute per reference.
+    async fn touch(&self, reference: &str) {
+        let now = std::time::Instant::now();
+        let interval = std::time::Duration::from_secs(gc::TOUCH_INTERVAL);
+        {
+            let mut touched = self
+                .inner
+                .touched
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if touched
+                .get(reference)
+                .is_some_and(|t| now.duration_since(*t) < interval)
+            {
+                return;
+            }
+            touched.retain(|_, t| now.duration_since(*t) < interval);
+            touched.insert(reference.to_owned(), now);
+        }
+        let (inner, r) = (self.inner.clone(), reference.to_owned());
+        let touched = blocking(move || Ok(inner.store.touch_ref(&r, gc::TOUCH_INTERVAL)?)).await;
+        if let Err(e) = touched {
+            tracing::warn!(reference, error = %e, "cannot record the last use of an image");
+        }
     }
 
     async fn store_blob(

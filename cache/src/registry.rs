@@ -4,6 +4,12 @@
 //! tokens per repository, so clients are kept per (registry, credentials): a request
 //! never runs with another request's credentials. Descriptor `urls` (foreign layers)
 //! are never followed: blobs come from the registry named by the reference only.
+//!
+//! Protocol: registries are spoken to over HTTPS, verified against the system roots plus
+//! the `--ca-bundle` certificates. A loopback registry or an `--insecure-registry` may be
+//! plain HTTP: it is probed once (`GET /v2/` in plain HTTP) and used over plain HTTP if it
+//! answers plain HTTP, over HTTPS otherwise (a TLS server answers with a TLS alert, a close
+//! or `400`), so a loopback registry with TLS is verified like any other.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -12,11 +18,11 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::Credentials;
 use crate::digest::{Digest, Hasher, truncate};
@@ -26,6 +32,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bound on cached clients (one per registry and credentials).
 const MAX_CLIENTS: usize = 64;
+/// Time a plain-HTTP probe of a loopback or insecure registry may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A registry request that failed. Messages never include credentials.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +84,8 @@ pub enum RegistryError {
         expected: u64,
         actual: u64,
     },
+    #[error("invalid CA bundle: {0}")]
+    CaBundle(String),
     #[error("failed to {op} {path}: {err}")]
     Io {
         op: &'static str,
@@ -91,7 +101,7 @@ impl RegistryError {
             RegistryError::NotFound { .. } => K::NotFound,
             RegistryError::Unauthorized { .. } => K::Unauthorized,
             RegistryError::Unavailable { .. } => K::Unavailable,
-            RegistryError::Io { .. } => K::Internal,
+            RegistryError::Io { .. } | RegistryError::CaBundle(_) => K::Internal,
             RegistryError::Invalid { .. }
             | RegistryError::DigestMismatch { .. }
             | RegistryError::TooLarge { .. }
@@ -162,39 +172,173 @@ pub(crate) fn registry_auth(
     })
 }
 
+/// The PEM certificates of a CA bundle, each checked; at least one.
+pub(crate) fn parse_ca_bundle(pem: &[u8]) -> Result<Vec<Vec<u8>>, RegistryError> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let text = std::str::from_utf8(pem)
+        .map_err(|_| RegistryError::CaBundle("the file is not PEM text".into()))?;
+    let mut certs = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(BEGIN) {
+        let Some(len) = rest[start..].find(END) else {
+            return Err(RegistryError::CaBundle(
+                "a certificate has no END line".into(),
+            ));
+        };
+        let block = &rest[start..start + len + END.len()];
+        reqwest::Certificate::from_pem(block.as_bytes()).map_err(|e| {
+            RegistryError::CaBundle(format!("certificate {} is invalid: {e}", certs.len() + 1))
+        })?;
+        certs.push(format!("{block}\n").into_bytes());
+        rest = &rest[start + len + END.len()..];
+    }
+    if certs.is_empty() {
+        return Err(RegistryError::CaBundle(
+            "no PEM certificate (BEGIN CERTIFICATE) found".into(),
+        ));
+    }
+    Ok(certs)
+}
+
+/// Whether a registry answers plain HTTP: `GET /v2/` over TCP and a status line other than
+/// `400` (TLS servers answer plain requests with an alert, a close or `400`). `None` if it
+/// cannot be reached (nothing is decided then).
+async fn answers_plain_http(registry: &str) -> Option<bool> {
+    let has_port = match registry.rfind(']') {
+        Some(i) => registry[i..].contains(':'),
+        None => registry.contains(':'),
+    };
+    let addr = match has_port {
+        true => registry.to_owned(),
+        false => format!("{registry}:80"),
+    };
+    let probe = async {
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.ok()?;
+        let request = format!("GET /v2/ HTTP/1.1\r\nHost: {registry}\r\nConnection: close\r\n\r\n");
+        if conn.write_all(request.as_bytes()).await.is_err() {
+            return Some(false);
+        }
+        let mut head = [0u8; 12];
+        let mut n = 0;
+        while n < head.len() {
+            match conn.read(&mut head[n..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(k) => n += k,
+            }
+        }
+        let head = &head[..n];
+        Some(
+            head.len() >= 12
+                && head.starts_with(b"HTTP/1.")
+                && head[9].is_ascii_digit()
+                && &head[9..12] != b"400",
+        )
+    };
+    tokio::time::timeout(PROBE_TIMEOUT, probe)
+        .await
+        .unwrap_or(Some(false))
+}
+
 /// Clients per (registry, credentials).
 pub(crate) struct Registries {
     clients: Mutex<HashMap<String, Client>>,
     insecure: Vec<String>,
+    /// Extra root certificates (PEM, one each).
+    roots: Vec<Vec<u8>>,
+    /// Probed protocol of loopback and insecure registries: `true` for plain HTTP.
+    plain: Mutex<HashMap<String, bool>>,
 }
 
 impl Registries {
-    pub(crate) fn new(insecure: Vec<String>) -> Registries {
-        Registries {
+    /// `ca_bundle`: PEM certificates trusted in addition to the system roots.
+    pub(crate) fn new(
+        insecure: Vec<String>,
+        ca_bundle: Option<&[u8]>,
+    ) -> Result<Registries, RegistryError> {
+        // The only rustls provider linked; a no-op if one is installed already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Ok(Registries {
             clients: Mutex::new(HashMap::new()),
             insecure,
+            roots: ca_bundle
+                .map(parse_ca_bundle)
+                .transpose()?
+                .unwrap_or_default(),
+            plain: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The extra root certificates, for other HTTP clients (token requests).
+    pub(crate) fn reqwest_roots(&self) -> Vec<reqwest::Certificate> {
+        self.roots
+            .iter()
+            .filter_map(|pem| reqwest::Certificate::from_pem(pem).ok())
+            .collect()
+    }
+
+    /// Whether `registry` (`host[:port]`) is spoken to over plain HTTP: only a loopback or
+    /// insecure registry, and only if it answers plain HTTP (probed once).
+    pub(crate) async fn plain_http(&self, registry: &str) -> bool {
+        if !plain_http_allowed(registry, &self.insecure) {
+            return false;
+        }
+        let key = registry.to_ascii_lowercase();
+        let known = self
+            .plain
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+            .copied();
+        if let Some(plain) = known {
+            return plain;
+        }
+        match answers_plain_http(registry).await {
+            Some(plain) => {
+                tracing::debug!(registry, plain_http = plain, "probed registry protocol");
+                let mut map = self.plain.lock().unwrap_or_else(PoisonError::into_inner);
+                if map.len() >= MAX_CLIENTS {
+                    map.clear();
+                }
+                map.insert(key, plain);
+                plain
+            }
+            // Unreachable: plain HTTP, as before, and the request reports the failure.
+            None => true,
         }
     }
 
-    fn client(
+    async fn client(
         &self,
         repo: &Repo,
         creds: &Credentials,
     ) -> Result<(Client, RegistryAuth), RegistryError> {
         let (auth, secret) = registry_auth(repo, creds)?;
+        let plain = self.plain_http(&repo.registry).await;
         // Only a hash of the credentials is kept as the key.
-        let key = format!("{}\0{}", repo.registry, Digest::of(secret.as_bytes()).hex());
+        let key = format!(
+            "{}\0{plain}\0{}",
+            repo.registry,
+            Digest::of(secret.as_bytes()).hex()
+        );
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(c) = clients.get(&key) {
             return Ok((c.clone(), auth));
         }
-        let protocol = if plain_http_allowed(&repo.registry, &self.insecure) {
-            ClientProtocol::Http
-        } else {
-            ClientProtocol::Https
+        let protocol = match plain {
+            true => ClientProtocol::Http,
+            false => ClientProtocol::Https,
         };
         let config = ClientConfig {
             protocol,
+            extra_root_certificates: self
+                .roots
+                .iter()
+                .map(|pem| Certificate {
+                    encoding: CertificateEncoding::Pem,
+                    data: pem.clone(),
+                })
+                .collect(),
             platform_resolver: None,
             connect_timeout: Some(CONNECT_TIMEOUT),
             read_timeout: Some(READ_TIMEOUT),
@@ -220,9 +364,22 @@ impl Registries {
         creds: &Credentials,
     ) -> Result<Credentials, RegistryError> {
         match creds {
-            Credentials::IdentityToken { token } => Ok(Credentials::Bearer {
-                token: crate::token::exchange(repo, token, &self.insecure).await?,
-            }),
+            Credentials::IdentityToken { token } => {
+                // Docker Hub's API host, as oci-client resolves it.
+                let host = Reference::with_tag(
+                    repo.registry.clone(),
+                    repo.repository.clone(),
+                    "latest".into(),
+                )
+                .resolve_registry()
+                .to_owned();
+                let plain = self.plain_http(&host).await;
+                let roots = self.reqwest_roots();
+                Ok(Credentials::Bearer {
+                    token: crate::token::exchange(repo, token, &self.insecure, plain, roots)
+                        .await?,
+                })
+            }
             other => Ok(other.clone()),
         }
     }
@@ -235,7 +392,7 @@ impl Registries {
         tag: Option<&str>,
         digest: Option<&Digest>,
     ) -> Result<(Vec<u8>, Digest), RegistryError> {
-        let (client, auth) = self.client(repo, creds)?;
+        let (client, auth) = self.client(repo, creds).await?;
         let reference = match digest {
             Some(d) => Reference::with_digest(
                 repo.registry.clone(),
@@ -286,9 +443,11 @@ impl Registries {
         size: u64,
         dest: &Path,
     ) -> Result<(), RegistryError> {
+        // Also removed if this future is dropped (a sibling download failed).
+        let mut guard = RemoveOnDrop(Some(dest.to_owned()));
         let result = self.blob_inner(repo, creds, what, digest, size, dest).await;
-        if result.is_err() {
-            let _ = tokio::fs::remove_file(dest).await;
+        if result.is_ok() {
+            guard.0 = None;
         }
         result
     }
@@ -302,7 +461,7 @@ impl Registries {
         size: u64,
         dest: &Path,
     ) -> Result<(), RegistryError> {
-        let (client, auth) = self.client(repo, creds)?;
+        let (client, auth) = self.client(repo, creds).await?;
         let reference = Reference::with_digest(
             repo.registry.clone(),
             repo.repository.clone(),
@@ -385,6 +544,17 @@ impl Registries {
         }
         file.sync_all().await.map_err(io("sync"))?;
         Ok(())
+    }
+}
+
+/// Removes a partial download unless disarmed.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -521,7 +691,7 @@ mod tests {
     #[tokio::test]
     async fn unreachable_registry_is_unavailable() {
         // Nothing listens on port 1 of loopback.
-        let regs = Registries::new(Vec::new());
+        let regs = Registries::new(Vec::new(), None).unwrap();
         let repo = Repo {
             registry: "127.0.0.1:1".into(),
             repository: "fn".into(),
@@ -678,7 +848,7 @@ mod tests {
     #[tokio::test]
     async fn identity_and_registry_tokens() {
         let (addr, task) = token_registry().await;
-        let regs = Registries::new(Vec::new());
+        let regs = Registries::new(Vec::new(), None).unwrap();
         let repo = Repo {
             registry: addr.clone(),
             repository: "fn".into(),

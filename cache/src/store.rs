@@ -71,9 +71,19 @@ fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError
 }
 
 #[derive(Serialize, Deserialize)]
-struct RefFile {
-    reference: String,
-    digest: String,
+pub(crate) struct RefFile {
+    pub(crate) reference: String,
+    pub(crate) digest: String,
+    /// Last use, seconds since the epoch (absent in records of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) last_used: Option<u64>,
+}
+
+/// Seconds since the epoch.
+pub(crate) fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The store of one cache root for one layer owner.
@@ -83,6 +93,7 @@ pub(crate) struct Store {
     blobs: PathBuf,
     layers: PathBuf,
     refs: PathBuf,
+    pub(crate) leases: PathBuf,
     session: PathBuf,
     _session_lock: Flock<File>,
     counter: AtomicU64,
@@ -108,13 +119,17 @@ fn ensure_dir(path: &Path, mode: u32) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn fsync_dir(path: &Path) -> Result<(), StoreError> {
+pub(crate) fn fsync_dir(path: &Path) -> Result<(), StoreError> {
     File::open(path)
         .and_then(|d| d.sync_all())
         .map_err(io_err("sync directory", path))
 }
 
-fn lock(file: File, arg: FlockArg, path: &Path) -> Result<Option<Flock<File>>, StoreError> {
+pub(crate) fn lock(
+    file: File,
+    arg: FlockArg,
+    path: &Path,
+) -> Result<Option<Flock<File>>, StoreError> {
     match Flock::lock(file, arg) {
         Ok(l) => Ok(Some(l)),
         Err((_, Errno::EWOULDBLOCK)) => Ok(None),
@@ -149,6 +164,7 @@ impl Store {
             (root.join("layers").join(owner_tag), 0o755),
             (root.join("layers").join(owner_tag).join("sha256"), 0o755),
             (root.join("refs"), 0o755),
+            (root.join("leases"), 0o700),
             (root.join("tmp"), 0o700),
         ] {
             ensure_dir(&dir, mode)?;
@@ -184,6 +200,7 @@ impl Store {
             blobs: root.join("blobs/sha256"),
             layers: root.join("layers").join(owner_tag).join("sha256"),
             refs: root.join("refs"),
+            leases: root.join("leases"),
             root,
             session,
             _session_lock: session_lock,
@@ -193,6 +210,48 @@ impl Store {
 
     pub(crate) fn root(&self) -> &Path {
         &self.root
+    }
+
+    pub(crate) fn blobs_dir(&self) -> &Path {
+        &self.blobs
+    }
+
+    pub(crate) fn refs_dir(&self) -> &Path {
+        &self.refs
+    }
+
+    /// Removes dead sessions and stray files from tmp/; returns how many.
+    pub(crate) fn sweep_tmp(&self) -> Result<usize, StoreError> {
+        let tmp = self.root.join("tmp");
+        let sweep_path = tmp.join(".sweep.lock");
+        let sweep_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&sweep_path)
+            .map_err(io_err("open", &sweep_path))?;
+        let _lock = lock(sweep_file, FlockArg::LockExclusive, &sweep_path)?;
+        sweep(&tmp, &self.session)
+    }
+
+    /// The cache-wide GC lock: shared while an image is being materialized (until it
+    /// is leased), exclusive while pruning or verifying, across processes.
+    pub(crate) fn gc_lock(&self, exclusive: bool) -> Result<Flock<File>, StoreError> {
+        let path = self.root.join("tmp/.gc.lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        let arg = match exclusive {
+            true => FlockArg::LockExclusive,
+            false => FlockArg::LockShared,
+        };
+        lock(file, arg, &path)?
+            .ok_or_else(|| io_err("lock", &path)(io::Error::from(io::ErrorKind::WouldBlock)))
     }
 
     /// A fresh path in this process's tmp directory.
@@ -275,7 +334,7 @@ impl Store {
         self.layers.join(diff_id.hex())
     }
 
-    fn layer_stats_path(&self, diff_id: &Digest) -> PathBuf {
+    pub(crate) fn layer_stats_path(&self, diff_id: &Digest) -> PathBuf {
         self.layers.join(format!("{}.json", diff_id.hex()))
     }
 
@@ -329,7 +388,7 @@ impl Store {
         }
     }
 
-    fn ref_path(&self, reference: &str) -> PathBuf {
+    pub(crate) fn ref_path(&self, reference: &str) -> PathBuf {
         self.refs.join(Digest::of(reference.as_bytes()).hex())
     }
 
@@ -346,13 +405,42 @@ impl Store {
         }
     }
 
-    /// Records (atomically) that `reference` resolves to `digest`.
+    /// Records (atomically) that `reference` resolves to `digest`, used now.
     pub(crate) fn write_ref(&self, reference: &str, digest: &Digest) -> Result<(), StoreError> {
-        let json = serde_json::to_vec(&RefFile {
+        self.write_ref_file(&RefFile {
             reference: reference.to_owned(),
             digest: digest.to_string(),
+            last_used: Some(now_secs()),
         })
-        .unwrap_or_default();
+    }
+
+    /// Records the use of `reference` now, unless it was recorded less than
+    /// `min_interval` seconds ago. Returns whether the record was rewritten.
+    pub(crate) fn touch_ref(&self, reference: &str, min_interval: u64) -> Result<bool, StoreError> {
+        let path = self.ref_path(reference);
+        let Ok(bytes) = fs::read(&path) else {
+            return Ok(false);
+        };
+        let Ok(mut record) = serde_json::from_slice::<RefFile>(&bytes) else {
+            return Ok(false);
+        };
+        let now = now_secs();
+        if record.reference != reference
+            || record
+                .last_used
+                .is_some_and(|t| now.saturating_sub(t) < min_interval)
+        {
+            return Ok(false);
+        }
+        record.last_used = Some(now);
+        self.write_ref_file(&record)?;
+        Ok(true)
+    }
+
+    /// Writes a reference record atomically (tmp, fsync, rename, fsync dir).
+    pub(crate) fn write_ref_file(&self, record: &RefFile) -> Result<(), StoreError> {
+        let reference = record.reference.as_str();
+        let json = serde_json::to_vec(record).unwrap_or_default();
         let tmp = self.tmp_path("ref");
         write_synced(&tmp, &json)?;
         let dest = self.ref_path(reference);
@@ -375,12 +463,13 @@ pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StoreError> 
 
 /// Removes everything in `tmp` except `keep`, the sweep lock, and sessions still locked
 /// by a live process.
-fn sweep(tmp: &Path, keep: &Path) -> Result<(), StoreError> {
+fn sweep(tmp: &Path, keep: &Path) -> Result<usize, StoreError> {
+    let mut removed = 0;
     let entries = fs::read_dir(tmp).map_err(io_err("list", tmp))?;
     for entry in entries {
         let entry = entry.map_err(io_err("list", tmp))?;
         let path = entry.path();
-        if path == keep || entry.file_name() == ".sweep.lock" {
+        if path == keep || entry.file_name() == ".sweep.lock" || entry.file_name() == ".gc.lock" {
             continue;
         }
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
@@ -398,9 +487,11 @@ fn sweep(tmp: &Path, keep: &Path) -> Result<(), StoreError> {
         tracing::debug!(path = %path.display(), "removing leftover from tmp/");
         if let Err(e) = remove_tree(&path) {
             tracing::warn!(path = %path.display(), error = %truncate(&e.to_string()), "failed to remove a tmp/ leftover");
+        } else {
+            removed += 1;
         }
     }
-    Ok(())
+    Ok(removed)
 }
 
 /// Per-key async locks, so one task fetches or unpacks a given blob or layer while the

@@ -667,6 +667,14 @@ fn have(tool: &str) -> bool {
 }
 
 fn start_registry(htpasswd: Option<(&str, &str)>) -> Option<Registry> {
+    start_registry_with(htpasswd, None)
+}
+
+/// [`start_registry`], serving HTTPS with `tls` (certificate and key PEM) if given.
+fn start_registry_with(
+    htpasswd: Option<(&str, &str)>,
+    tls: Option<(&str, &str)>,
+) -> Option<Registry> {
     if !have("docker-registry") || !have("skopeo") {
         eprintln!("skipping registry test: docker-registry or skopeo is missing");
         return None;
@@ -698,8 +706,20 @@ fn start_registry(htpasswd: Option<(&str, &str)>) -> Option<Registry> {
         }
         None => String::new(),
     };
+    let tls = match tls {
+        Some((cert, key)) => {
+            std::fs::write(dir.path().join("cert.pem"), cert).unwrap();
+            std::fs::write(dir.path().join("key.pem"), key).unwrap();
+            format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                dir.path().join("cert.pem").display(),
+                dir.path().join("key.pem").display()
+            )
+        }
+        None => String::new(),
+    };
     let config = format!(
-        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n{auth}",
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n{tls}{auth}",
         dir.path().join("data").display()
     );
     let config_path = dir.path().join("config.yml");
@@ -889,3 +909,5 @@ async fn registry_basic_auth() {
     eprintln!("error: {err}");
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
 }
+
+mod registry;

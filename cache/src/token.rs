@@ -106,11 +106,14 @@ fn url_host(url: &str) -> Option<(bool, &str)> {
     (!host.is_empty() && !host.contains('@')).then_some((https, host))
 }
 
-/// Exchanges `refresh_token` for an access token that may pull `repo`.
+/// Exchanges `refresh_token` for an access token that may pull `repo`. `plain`: the
+/// registry is spoken to over plain HTTP; `roots`: extra trusted CA certificates.
 pub(crate) async fn exchange(
     repo: &Repo,
     refresh_token: &str,
     insecure: &[String],
+    plain: bool,
+    roots: Vec<reqwest::Certificate>,
 ) -> Result<String, RegistryError> {
     let refused = |detail: String| RegistryError::Unauthorized {
         reference: repo.reference.clone(),
@@ -129,12 +132,9 @@ pub(crate) async fn exchange(
     )
     .resolve_registry()
     .to_owned();
-    let scheme = if plain_http_allowed(&host, insecure) {
-        "http"
-    } else {
-        "https"
-    };
+    let scheme = if plain { "http" } else { "https" };
     let client = reqwest::Client::builder()
+        .tls_certs_merge(roots)
         .connect_timeout(TIMEOUT)
         .timeout(TIMEOUT)
         // A token request is never redirected to another host with the token.

@@ -35,6 +35,8 @@ pub enum Command {
     Run(RunArgs),
     /// Prefetch images into the cache.
     Pull(PullArgs),
+    /// Manage the image cache: list, prune, verify.
+    Cache(crate::cache_cmd::CacheCmdArgs),
 }
 
 /// Flags for the image cache and registries.
@@ -48,9 +50,14 @@ pub struct CacheArgs {
     #[arg(long, default_value = fnrun_cache::DOCKER_HUB)]
     pub registry: String,
     /// A registry (HOST[:PORT]) that may be reached over plain HTTP. Loopback
-    /// registries always may.
+    /// registries always may: such a registry is used over plain HTTP if it
+    /// answers plain HTTP, over verified HTTPS otherwise.
     #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
     pub insecure_registries: Vec<String>,
+    /// PEM file of CA certificates trusted for HTTPS registries, in addition
+    /// to the system roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_bundle: Option<PathBuf>,
     /// Largest unpacked size of one image.
     #[arg(long, default_value = "4Gi", value_parser = parse_size)]
     pub max_image_bytes: u64,
@@ -119,6 +126,10 @@ pub struct ServeArgs {
     /// layouts). Repeatable; default: any.
     #[arg(long = "allowed-registry", value_name = "HOST[:PORT]")]
     pub allowed_registries: Vec<String>,
+    /// Keep the image cache under SIZE (e.g. 10Gi): after runs, least recently
+    /// used images are evicted; images in use never are.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub cache_max_size: Option<u64>,
     #[command(flatten)]
     pub cache: CacheArgs,
     #[command(flatten)]
@@ -180,7 +191,7 @@ pub struct PullArgs {
     pub images: Vec<String>,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, String> {
     fnrun_api::quantity::parse_memory(s).map_err(|e| e.to_string())
 }
 
@@ -235,7 +246,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
-fn default_cache_dir() -> PathBuf {
+pub fn default_cache_dir() -> PathBuf {
     if nix::unistd::geteuid().is_root() {
         return PathBuf::from("/var/cache/fnrun");
     }
@@ -272,6 +283,11 @@ pub fn build_runner(
     cache_config.insecure_registries = cache.insecure_registries.clone();
     cache_config.owner = owner;
     cache_config.max_image_bytes = cache.max_image_bytes;
+    if let Some(path) = &cache.ca_bundle {
+        let pem = std::fs::read(path)
+            .map_err(|e| anyhow::anyhow!("cannot read --ca-bundle {}: {e}", path.display()))?;
+        cache_config.ca_bundle = Some(pem);
+    }
     let cache = Cache::open(cache_config)
         .map_err(|e| anyhow::anyhow!("cannot open the cache at {}: {e}", root.display()))?;
     let mut sandbox_config = SandboxConfig::new(root.join("mnt"), id_map);

@@ -1,6 +1,7 @@
 //! `fnrun`: a rootless container function runner for Crossplane composition
 //! functions. `main` only sets up logging, dispatches and prints the error.
 
+mod cache_cmd;
 mod config;
 mod docker_config;
 mod error;
@@ -41,13 +42,13 @@ const EXIT_TIMEOUT: u8 = 124;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Both of rustls's crypto providers are linked (reqwest brings aws-lc-rs,
-    // tonic's TLS ring); pick one for the process so TLS never guesses.
+    // rustls uses ring, the only crypto provider linked; install it before any
+    // TLS (registries, TCP listeners) is set up.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let default_level = match cli.command {
         Command::Serve(_) => "info",
         // `run` prints the output FunctionIO and, on failure, one error line.
-        Command::Run(_) | Command::Pull(_) => "off",
+        Command::Run(_) | Command::Pull(_) | Command::Cache(_) => "off",
     };
     init_logging(cli.log_format, default_level);
     match cli.command {
@@ -61,6 +62,7 @@ fn main() -> ExitCode {
         },
         Command::Run(args) => run(args),
         Command::Pull(args) => pull(args),
+        Command::Cache(args) => cache_cmd::main(args),
     }
 }
 

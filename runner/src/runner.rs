@@ -80,6 +80,9 @@ pub struct Runner {
     slots: Semaphore,
     allowed_registries: Vec<String>,
     metrics: Arc<Metrics>,
+    /// `--cache-max-size`: the cache is pruned to it after runs (at most every 10s).
+    cache_max_size: Option<u64>,
+    last_prune: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Holds one unit of a gauge (a queued call, a run in flight) until dropped.
@@ -108,7 +111,47 @@ impl Runner {
             admission,
             allowed_registries: Vec::new(),
             metrics: Arc::new(Metrics::default()),
+            cache_max_size: None,
+            last_prune: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Prunes the cache to `max_bytes` after runs (least recently used images first;
+    /// images in use are leased and never evicted).
+    pub fn with_cache_max_size(mut self, max_bytes: Option<u64>) -> Self {
+        self.cache_max_size = max_bytes;
+        self
+    }
+
+    /// Starts a background prune to `--cache-max-size`, unless one ran in the last 10s.
+    fn maybe_prune(&self) {
+        let Some(max) = self.cache_max_size else {
+            return;
+        };
+        {
+            let mut last = self
+                .last_prune
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(10)) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let cache = self.cache.clone();
+        tokio::spawn(async move {
+            match cache.prune(max).await {
+                Ok(r) if !r.removed_refs.is_empty() || r.freed_bytes > 0 => tracing::info!(
+                    removed = ?r.removed_refs,
+                    freed_bytes = r.freed_bytes,
+                    total_bytes = r.total_bytes,
+                    kept_in_use = ?r.kept_in_use,
+                    "pruned the image cache"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot prune the image cache"),
+            }
+        });
     }
 
     /// Refuses images from registries not in `registries` (empty: allow all).
@@ -134,6 +177,7 @@ impl Runner {
         let start = Instant::now();
         let image = req.image.clone();
         let result = self.run_inner(req).await;
+        self.maybe_prune();
         let elapsed = start.elapsed();
         let ms = elapsed.as_millis() as u64;
         match &result {
@@ -210,12 +254,13 @@ impl Runner {
         let _running = Gauge::enter(&self.metrics.in_flight);
 
         let pull_start = Instant::now();
-        let image = match self
+        // The lease keeps the image's layers from being pruned until the run ends.
+        let (image, _lease) = match self
             .cache
-            .get(&reference, req.pull_policy, &req.credentials)
+            .get_leased(&reference, req.pull_policy, &req.credentials)
             .await
         {
-            Ok(image) => {
+            Ok((image, lease)) => {
                 if image.pulled {
                     self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
                     self.metrics.pulls_ok.fetch_add(1, Ordering::Relaxed);
@@ -223,7 +268,7 @@ impl Runner {
                 } else {
                     self.metrics.cache_hits.fetch_add(1, Ordering::Relaxed);
                 }
-                image
+                (image, lease)
             }
             Err(e) => {
                 if !matches!(e.kind(), ErrorKind::NotCached | ErrorKind::InvalidReference) {

@@ -34,7 +34,8 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         max_queue: args.max_queue,
     };
     let runner = crate::config::build_runner(&args.cache, &args.sandbox, admission)?
-        .with_allowed_registries(args.allowed_registries.clone());
+        .with_allowed_registries(args.allowed_registries.clone())
+        .with_cache_max_size(args.cache_max_size);
     tracing::info!(
         cache = %runner.cache().root().display(),
         max_concurrency = admission.max_concurrency,

@@ -54,7 +54,7 @@ async fn tls_client(
     ca: &str,
     identity: Option<&(String, String)>,
 ) -> Result<ContainerizedFunctionRunnerServiceClient<Channel>, tonic::transport::Error> {
-    // When the whole workspace is built, rustls has both crypto providers.
+    // Make ring the process default explicitly, whatever features unify.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca))
@@ -108,7 +108,10 @@ async fn tcp_serves_tls_and_requires_client_certificates_with_a_client_ca() {
                 .await
                 .is_err(),
         };
-        assert!(refused, "a client without a trusted certificate got through");
+        assert!(
+            refused,
+            "a client without a trusted certificate got through"
+        );
     }
 
     // Plain HTTP/2 to the TLS port does not work either.

@@ -1,0 +1,907 @@
+//! Cache management: last use of references, leases on images in use, listing,
+//! pruning to a size and verifying (and repairing) the store.
+//!
+//! ```text
+//! refs/<sha256 of the reference>   {"reference", "digest", "last_used"}
+//! leases/<sha256 of the content>   {"digest", "layers"}: flock-ed (shared) while in use
+//! tmp/.gc.lock                     shared while an image is materialized, exclusive
+//!                                  while pruning or verifying
+//! ```
+//!
+//! A lease is a file under `leases/` that its holders keep `flock(LOCK_SH)`-ed. A pruner
+//! tries `LOCK_EX|LOCK_NB` on every lease file: a lease it cannot lock is in use (and
+//! everything it names is kept); one it can lock is stale and removed. Leases therefore
+//! hold across processes (a CLI `prune` never removes what a daemon is running) and
+//! vanish with their process. A lease is taken while the shared GC lock is still held,
+//! so no prune can run between materializing an image and leasing it.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, RenameFlags, renameat2};
+use serde::{Deserialize, Serialize};
+
+use crate::digest::{Digest, Hasher};
+use crate::manifest::{self, MAX_METADATA_BYTES, Manifest};
+use crate::store::{RefFile, Store, StoreError, fsync_dir, lock, write_synced};
+use crate::unpack::{LayerStats, remove_tree};
+use crate::{Cache, Error, Image, blocking};
+
+/// A reference's last use is recorded at most this often (seconds).
+pub(crate) const TOUCH_INTERVAL: u64 = 60;
+
+/// Marks an image's manifest, config, blobs and unpacked layers in use until dropped:
+/// no prune (in this or another process) removes them meanwhile.
+#[derive(Debug)]
+pub struct Lease {
+    _lock: Flock<File>,
+}
+
+/// One cached reference, as listed by [`Cache::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedImage {
+    /// Normalized reference.
+    pub reference: String,
+    /// The manifest (or index) digest it resolves to, `sha256:...`.
+    pub digest: String,
+    /// Bytes of the blobs and unpacked layers it uses (shared ones counted in each image).
+    pub bytes: u64,
+    /// When it was last used (pulled or run), if recorded.
+    pub last_used: Option<SystemTime>,
+    /// Whether a lease holds it (a run is using it).
+    pub in_use: bool,
+}
+
+/// What [`Cache::prune`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    /// References removed, least recently used first.
+    pub removed_refs: Vec<String>,
+    /// Blobs removed.
+    pub removed_blobs: usize,
+    /// Unpacked layers removed.
+    pub removed_layers: usize,
+    /// Bytes freed.
+    pub freed_bytes: u64,
+    /// Bytes the cache holds now.
+    pub total_bytes: u64,
+    /// References kept although over the limit because they are in use.
+    pub kept_in_use: Vec<String>,
+}
+
+/// What [`Cache::verify`] found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Blobs rehashed.
+    pub blobs_checked: usize,
+    /// Unpacked layers checked.
+    pub layers_checked: usize,
+    /// References checked.
+    pub refs_checked: usize,
+    /// Blobs removed: digest mismatch, unreadable, or not a blob at all.
+    pub corrupt_blobs: Vec<String>,
+    /// Unpacked layers removed (incomplete, or with a missing or unreadable size
+    /// record); they are unpacked again on next use.
+    pub broken_layers: Vec<String>,
+    /// Broken layers left in place because a lease holds them.
+    pub broken_in_use: Vec<String>,
+    /// References removed: unreadable, or naming a missing manifest.
+    pub dangling_refs: Vec<String>,
+    /// Leftovers removed that a crash leaves behind and that are not damage: dead
+    /// tmp/ sessions, stale leases, size records of layers never committed.
+    pub leftovers_removed: usize,
+}
+
+impl VerifyReport {
+    /// Whether verify found damage (which it removed, unless in use).
+    pub fn damaged(&self) -> bool {
+        !(self.corrupt_blobs.is_empty()
+            && self.broken_layers.is_empty()
+            && self.broken_in_use.is_empty()
+            && self.dangling_refs.is_empty())
+    }
+}
+
+/// Something the store holds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Item {
+    /// `blobs/sha256/<hex>`.
+    Blob(String),
+    /// `layers/<owner-tag>/sha256/<hex>` (and its `.json`).
+    Layer(String, String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct LeaseFile {
+    digest: String,
+    /// `<owner-tag>/<diff-id hex>`.
+    layers: Vec<String>,
+}
+
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
+    let path = path.to_owned();
+    move |err| StoreError::Io { op, path, err }
+}
+
+/// The names in a directory (empty if it is missing).
+fn names(dir: &Path) -> Vec<String> {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    v.sort();
+    v
+}
+
+impl Store {
+    fn layers_root(&self) -> PathBuf {
+        self.root().join("layers")
+    }
+
+    fn owner_tags(&self) -> Vec<String> {
+        names(&self.layers_root())
+            .into_iter()
+            .filter(|t| self.layers_root().join(t).join("sha256").is_dir())
+            .collect()
+    }
+
+    fn layer_path(&self, tag: &str, hex: &str) -> PathBuf {
+        self.layers_root().join(tag).join("sha256").join(hex)
+    }
+
+    /// Reads a stored metadata blob (capped), without verifying it: GC only follows it.
+    fn read_meta(&self, hex: &str) -> Option<Vec<u8>> {
+        let f = File::open(self.blobs_dir().join(hex)).ok()?;
+        let mut bytes = Vec::new();
+        f.take(MAX_METADATA_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        (bytes.len() as u64 <= MAX_METADATA_BYTES).then_some(bytes)
+    }
+
+    /// Everything the manifest (or index) `digest` reaches in the store, itself included.
+    fn reach(&self, digest: &Digest, tags: &[String], out: &mut HashSet<Item>, depth: u8) {
+        out.insert(Item::Blob(digest.hex().to_owned()));
+        let Some(bytes) = self.read_meta(digest.hex()) else {
+            return;
+        };
+        match manifest::parse_manifest(&bytes, digest) {
+            Ok(Manifest::Index(index)) if depth < 2 => {
+                for m in &index.manifests {
+                    if self.has_blob(&m.digest) {
+                        self.reach(&m.digest, tags, out, depth + 1);
+                    }
+                }
+            }
+            Ok(Manifest::Image(m)) => {
+                out.insert(Item::Blob(m.config.digest.hex().to_owned()));
+                for l in &m.layers {
+                    out.insert(Item::Blob(l.digest.hex().to_owned()));
+                }
+                let Some(cfg) = self.read_meta(m.config.digest.hex()) else {
+                    return;
+                };
+                let Ok(parsed) = manifest::parse_config(&cfg, &m.config.digest, m.layers.len())
+                else {
+                    return;
+                };
+                for d in &parsed.diff_ids {
+                    for tag in tags {
+                        out.insert(Item::Layer(tag.clone(), d.hex().to_owned()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The leases held right now; stale lease files are removed. Returns the items they
+    /// hold, the manifest digests they name, and how many stale files were removed.
+    fn held_leases(&self, tags: &[String]) -> (HashSet<Item>, HashSet<String>, usize) {
+        let mut items = HashSet::new();
+        let mut digests = HashSet::new();
+        let mut stale = 0;
+        for name in names(&self.leases) {
+            let path = self.leases.join(&name);
+            let Ok(file) = File::open(&path) else {
+                continue;
+            };
+            match lock(file, FlockArg::LockExclusiveNonblock, &path) {
+                Ok(Some(_held)) => {
+                    // Nobody holds it: stale. Removed under the lock, so a new holder
+                    // (which checks the inode after locking) retries with a new file.
+                    if fs::remove_file(&path).is_ok() {
+                        stale += 1;
+                    }
+                }
+                Ok(None) => {
+                    let Ok(bytes) = fs::read(&path) else { continue };
+                    let Ok(lease) = serde_json::from_slice::<LeaseFile>(&bytes) else {
+                        continue;
+                    };
+                    if let Ok(d) = Digest::parse(&lease.digest) {
+                        self.reach(&d, tags, &mut items, 0);
+                        digests.insert(d.hex().to_owned());
+                    }
+                    for l in &lease.layers {
+                        if let Some((tag, hex)) = l.split_once('/') {
+                            items.insert(Item::Layer(tag.to_owned(), hex.to_owned()));
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot check a lease"),
+            }
+        }
+        (items, digests, stale)
+    }
+
+    /// Every reference record: (file name, record).
+    fn refs(&self) -> Vec<(String, Option<RefFile>)> {
+        names(self.refs_dir())
+            .into_iter()
+            .map(|name| {
+                let record = fs::read(self.refs_dir().join(&name))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<RefFile>(&b).ok());
+                (name, record)
+            })
+            .collect()
+    }
+
+    /// Sizes of everything stored.
+    fn sizes(&self, tags: &[String]) -> HashMap<Item, u64> {
+        let mut sizes = HashMap::new();
+        for hex in names(self.blobs_dir()) {
+            if let Ok(m) = fs::symlink_metadata(self.blobs_dir().join(&hex)) {
+                sizes.insert(Item::Blob(hex), m.len());
+            }
+        }
+        for tag in tags {
+            let dir = self.layers_root().join(tag).join("sha256");
+            for name in names(&dir) {
+                if name.ends_with(".json") || !dir.join(&name).is_dir() {
+                    continue;
+                }
+                let bytes = fs::read(dir.join(format!("{name}.json")))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<LayerStats>(&b).ok())
+                    .map_or(0, |s| s.bytes);
+                sizes.insert(Item::Layer(tag.clone(), name), bytes);
+            }
+        }
+        sizes
+    }
+
+    /// Removes an unpacked layer: its directory is renamed into tmp/ (atomic), then its
+    /// size record removed, then the tree deleted. A crash leaves a tmp/ leftover (swept)
+    /// or a size record without a directory (ignored, overwritten by the next unpack).
+    fn remove_layer(&self, tag: &str, hex: &str) -> Result<(), StoreError> {
+        let dir = self.layer_path(tag, hex);
+        let parent = self.layers_root().join(tag).join("sha256");
+        if fs::symlink_metadata(&dir).is_ok() {
+            let tmp = self.tmp_path("removed-layer");
+            fs::rename(&dir, &tmp).map_err(io_err("move aside", &dir))?;
+            let json = parent.join(format!("{hex}.json"));
+            match fs::remove_file(&json) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("remove", &json)(e)),
+            }
+            fsync_dir(&parent)?;
+            remove_tree(&tmp).map_err(io_err("remove", &tmp))?;
+        } else {
+            let json = parent.join(format!("{hex}.json"));
+            let _ = fs::remove_file(&json);
+            fsync_dir(&parent)?;
+        }
+        Ok(())
+    }
+
+    fn remove_item(&self, item: &Item) -> Result<(), StoreError> {
+        match item {
+            Item::Blob(hex) => {
+                let path = self.blobs_dir().join(hex);
+                match fs::remove_file(&path) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(io_err("remove", &path)(e)),
+                }
+            }
+            Item::Layer(tag, hex) => self.remove_layer(tag, hex),
+        }
+    }
+
+    /// Takes a lease on `image` (see the module docs).
+    pub(crate) fn lease_image(&self, image: &Image) -> Result<Lease, StoreError> {
+        let layers: Vec<String> = image
+            .layers
+            .iter()
+            .filter_map(|p| {
+                let hex = p.file_name()?.to_str()?;
+                let tag = p.parent()?.parent()?.file_name()?.to_str()?;
+                Some(format!("{tag}/{hex}"))
+            })
+            .collect();
+        let json = serde_json::to_vec(&LeaseFile {
+            digest: image.digest.clone(),
+            layers,
+        })
+        .unwrap_or_default();
+        let path = self.leases.join(Digest::of(&json).hex());
+        for _ in 0..100 {
+            if fs::symlink_metadata(&path).is_err() {
+                let tmp = self.tmp_path("lease");
+                write_synced(&tmp, &json)?;
+                let cwd = nix::fcntl::AT_FDCWD;
+                match renameat2(cwd, &tmp, cwd, &path, RenameFlags::RENAME_NOREPLACE) {
+                    Ok(()) => {}
+                    Err(Errno::EEXIST) => {
+                        let _ = fs::remove_file(&tmp);
+                    }
+                    Err(e) => return Err(io_err("store lease", &path)(e.into())),
+                }
+            }
+            let file = match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err("open", &path)(e)),
+            };
+            let held = lock(file, FlockArg::LockShared, &path)?
+                .ok_or_else(|| io_err("lock", &path)(io::ErrorKind::WouldBlock.into()))?;
+            // A pruner may have removed the file between our open and lock.
+            let ours = held.metadata().map_err(io_err("inspect", &path))?;
+            match fs::metadata(&path) {
+                Ok(now) if now.ino() == ours.ino() && now.dev() == ours.dev() => {
+                    return Ok(Lease { _lock: held });
+                }
+                _ => continue,
+            }
+        }
+        Err(io_err("lease", &path)(io::Error::other(
+            "the lease file keeps disappearing",
+        )))
+    }
+
+    fn list(&self) -> Vec<CachedImage> {
+        let tags = self.owner_tags();
+        let sizes = self.sizes(&tags);
+        let (_, leased, _) = self.held_leases(&tags);
+        let mut out = Vec::new();
+        for (_, record) in self.refs() {
+            let Some(r) = record else { continue };
+            let Ok(d) = Digest::parse(&r.digest) else {
+                continue;
+            };
+            let mut items = HashSet::new();
+            self.reach(&d, &tags, &mut items, 0);
+            let in_use = items
+                .iter()
+                .any(|i| matches!(i, Item::Blob(h) if leased.contains(h)));
+            out.push(CachedImage {
+                bytes: items.iter().filter_map(|i| sizes.get(i)).sum(),
+                reference: r.reference,
+                digest: r.digest,
+                last_used: r.last_used.map(|s| UNIX_EPOCH + Duration::from_secs(s)),
+                in_use,
+            });
+        }
+        out.sort_by(|a, b| a.reference.cmp(&b.reference));
+        out
+    }
+
+    /// See [`Cache::prune`]; `None`: only remove what no reference or lease uses.
+    fn prune(&self, max_bytes: Option<u64>) -> Result<PruneReport, StoreError> {
+        let tags = self.owner_tags();
+        let sizes = self.sizes(&tags);
+        let (leased_items, leased, _) = self.held_leases(&tags);
+        let total: u64 = sizes.values().sum();
+        let mut report = PruneReport {
+            total_bytes: total,
+            ..PruneReport::default()
+        };
+        if max_bytes.is_some_and(|m| total <= m) {
+            return Ok(report);
+        }
+
+        // Who uses what.
+        struct Ref {
+            name: String,
+            reference: String,
+            last_used: u64,
+            items: HashSet<Item>,
+            in_use: bool,
+        }
+        let mut refs = Vec::new();
+        let mut users: HashMap<Item, usize> = HashMap::new();
+        for (name, record) in self.refs() {
+            let Some(r) = record else { continue };
+            let mut items = HashSet::new();
+            if let Ok(d) = Digest::parse(&r.digest) {
+                self.reach(&d, &tags, &mut items, 0);
+            }
+            for i in &items {
+                *users.entry(i.clone()).or_default() += 1;
+            }
+            let in_use = items
+                .iter()
+                .any(|i| matches!(i, Item::Blob(h) if leased.contains(h)));
+            refs.push(Ref {
+                name,
+                reference: r.reference,
+                last_used: r.last_used.unwrap_or(0),
+                items,
+                in_use,
+            });
+        }
+        for i in &leased_items {
+            *users.entry(i.clone()).or_default() += 1;
+        }
+
+        // Unused items first, then least recently used references.
+        let mut doomed: Vec<Item> = sizes
+            .keys()
+            .filter(|i| !users.contains_key(i))
+            .cloned()
+            .collect();
+        doomed.sort();
+        let mut remaining = total - doomed.iter().map(|i| sizes[i]).sum::<u64>();
+        let mut doomed_refs = Vec::new();
+        if let Some(max) = max_bytes {
+            refs.sort_by(|a, b| (a.last_used, &a.reference).cmp(&(b.last_used, &b.reference)));
+            for r in &refs {
+                if remaining <= max {
+                    break;
+                }
+                if r.in_use {
+                    report.kept_in_use.push(r.reference.clone());
+                    continue;
+                }
+                let mut items: Vec<&Item> = r.items.iter().collect();
+                items.sort();
+                for i in items {
+                    let n = users.get_mut(i).expect("counted above");
+                    *n -= 1;
+                    if *n == 0
+                        && let Some(size) = sizes.get(i)
+                    {
+                        remaining -= size;
+                        doomed.push(i.clone());
+                    }
+                }
+                doomed_refs.push(r);
+            }
+        }
+
+        // References first: a crash then leaves unused items, never a reference to
+        // something missing.
+        for r in &doomed_refs {
+            let path = self.refs_dir().join(&r.name);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("remove", &path)(e)),
+            }
+            report.removed_refs.push(r.reference.clone());
+        }
+        if !doomed_refs.is_empty() {
+            fsync_dir(self.refs_dir())?;
+        }
+        for i in &doomed {
+            self.remove_item(i)?;
+            match i {
+                Item::Blob(_) => report.removed_blobs += 1,
+                Item::Layer(..) => report.removed_layers += 1,
+            }
+            report.freed_bytes += sizes[i];
+        }
+        if report.removed_blobs > 0 {
+            fsync_dir(self.blobs_dir())?;
+        }
+        report.total_bytes = total - report.freed_bytes;
+        Ok(report)
+    }
+
+    fn verify(&self) -> Result<VerifyReport, StoreError> {
+        let mut report = VerifyReport::default();
+        let tags = self.owner_tags();
+
+        // Blobs: rehash each.
+        let blobs = self.blobs_dir();
+        for name in names(blobs) {
+            let path = blobs.join(&name);
+            report.blobs_checked += 1;
+            let ok = is_hex64(&name)
+                && fs::symlink_metadata(&path).is_ok_and(|m| m.is_file())
+                && hash_file(&path).is_ok_and(|d| d.hex() == name);
+            if !ok {
+                let removed = match fs::symlink_metadata(&path) {
+                    Ok(m) if m.is_dir() => remove_tree(&path),
+                    _ => fs::remove_file(&path),
+                };
+                removed.map_err(io_err("remove", &path))?;
+                report.corrupt_blobs.push(format!("sha256:{name}"));
+            }
+        }
+        fsync_dir(blobs)?;
+
+        // Unpacked layers: each needs a readable size record (written before the
+        // directory is committed); size records need their directory.
+        let (leased_items, _, stale) = self.held_leases(&tags);
+        report.leftovers_removed += stale;
+        for tag in &tags {
+            let dir = self.layers_root().join(tag).join("sha256");
+            for name in names(&dir) {
+                let path = dir.join(&name);
+                if let Some(hex) = name.strip_suffix(".json")
+                    && is_hex64(hex)
+                {
+                    if !dir.join(hex).is_dir() {
+                        match fs::remove_file(&path) {
+                            Ok(()) => report.leftovers_removed += 1,
+                            // Removed with its broken layer just above.
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                            Err(e) => return Err(io_err("remove", &path)(e)),
+                        }
+                    }
+                    continue;
+                }
+                report.layers_checked += 1;
+                let sound = is_hex64(&name)
+                    && fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
+                    && fs::read(dir.join(format!("{name}.json")))
+                        .ok()
+                        .and_then(|b| serde_json::from_slice::<LayerStats>(&b).ok())
+                        .is_some();
+                if sound {
+                    continue;
+                }
+                let what = format!("{tag}/sha256:{name}");
+                if leased_items.contains(&Item::Layer(tag.clone(), name.clone())) {
+                    report.broken_in_use.push(what);
+                    continue;
+                }
+                self.remove_layer(tag, &name)?;
+                report.broken_layers.push(what);
+            }
+        }
+
+        // References: readable, under their own name, naming a stored manifest.
+        for (name, record) in self.refs() {
+            report.refs_checked += 1;
+            let sound = record.as_ref().is_some_and(|r| {
+                Digest::of(r.reference.as_bytes()).hex() == name
+                    && Digest::parse(&r.digest).is_ok_and(|d| self.has_blob(&d))
+            });
+            if !sound {
+                let path = self.refs_dir().join(&name);
+                fs::remove_file(&path).map_err(io_err("remove", &path))?;
+                report
+                    .dangling_refs
+                    .push(record.map_or_else(|| format!("refs/{name}"), |r| r.reference));
+            }
+        }
+        fsync_dir(self.refs_dir())?;
+
+        report.leftovers_removed += self.sweep_tmp()?;
+        Ok(report)
+    }
+}
+
+fn hash_file(path: &Path) -> io::Result<Digest> {
+    let mut f = File::open(path)?;
+    let mut h = Hasher::default();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match f.read(&mut buf)? {
+            0 => return Ok(h.finish()),
+            n => h.update(&buf[..n]),
+        }
+    }
+}
+
+impl Cache {
+    /// Marks `image` in use until the lease is dropped. Prefer [`Cache::get_leased`],
+    /// which takes the lease before any prune can run.
+    pub fn lease(&self, image: &Image) -> Result<Lease, Error> {
+        Ok(self.inner.store.lease_image(image)?)
+    }
+
+    /// Every cached reference with its size and last use, sorted by reference.
+    pub async fn list(&self) -> Result<Vec<CachedImage>, Error> {
+        let inner = self.inner.clone();
+        blocking(move || Ok(inner.store.list())).await
+    }
+
+    /// Removes what no reference or lease uses, then the least recently used references
+    /// (and what only they use) until the cache holds at most `max_bytes`. Never removes
+    /// what a lease holds. Does nothing if the cache is already within `max_bytes`.
+    pub async fn prune(&self, max_bytes: u64) -> Result<PruneReport, Error> {
+        self.prune_inner(Some(max_bytes)).await
+    }
+
+    /// Removes every blob and layer that no reference or lease uses.
+    pub async fn prune_unused(&self) -> Result<PruneReport, Error> {
+        self.prune_inner(None).await
+    }
+
+    async fn prune_inner(&self, max_bytes: Option<u64>) -> Result<PruneReport, Error> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let _gc = inner.store.gc_lock(true)?;
+            Ok(inner.store.prune(max_bytes)?)
+        })
+        .await
+    }
+
+    /// Rehashes every blob and checks every unpacked layer and reference, removing what
+    /// is damaged (so that it is fetched or unpacked again), and sweeps tmp/.
+    pub async fn verify(&self) -> Result<VerifyReport, Error> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let _gc = inner.store.gc_lock(true)?;
+            Ok(inner.store.verify()?)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{OCI_CONFIG, OCI_MANIFEST, host_arch};
+    use crate::unpack::tests::{Member, TarBuilder, gzip};
+    use crate::{CacheConfig, Credentials, PullPolicy};
+
+    const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
+    fn layer(name: &str, size: usize) -> Vec<u8> {
+        let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+        let path = format!("{name}.bin");
+        TarBuilder::new()
+            .add(Member::File(path.as_bytes(), &data, 0o644))
+            .tar()
+    }
+
+    /// What a pull of `reference` with `layers` stores. Returns the blob digests
+    /// (manifest, config, layer blobs...) and the diff_ids.
+    struct Stored {
+        blobs: Vec<(Digest, Vec<u8>)>,
+        diff_ids: Vec<Digest>,
+    }
+
+    fn store_image(cache: &Cache, reference: &str, layers: &[&Vec<u8>], last_used: u64) -> Stored {
+        let mut blobs = Vec::new();
+        let mut descs = Vec::new();
+        let mut diff_ids = Vec::new();
+        for tar in layers {
+            let gz = gzip(tar);
+            let d = Digest::of(&gz);
+            descs.push(format!(
+                r#"{{"mediaType":"{GZ_LAYER}","digest":"{d}","size":{}}}"#,
+                gz.len()
+            ));
+            blobs.push((d, gz));
+            diff_ids.push(Digest::of(tar));
+        }
+        let ids: Vec<String> = diff_ids.iter().map(|d| format!("\"{d}\"")).collect();
+        let config = format!(
+            r#"{{"architecture":"{}","os":"linux","config":{{"Entrypoint":["/bin/fn"],"Env":["R={reference}"]}},"rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
+            host_arch(),
+            ids.join(",")
+        )
+        .into_bytes();
+        let cd = Digest::of(&config);
+        let manifest = format!(
+            r#"{{"schemaVersion":2,"mediaType":"{OCI_MANIFEST}","config":{{"mediaType":"{OCI_CONFIG}","digest":"{cd}","size":{}}},"layers":[{}]}}"#,
+            config.len(),
+            descs.join(",")
+        )
+        .into_bytes();
+        let md = Digest::of(&manifest);
+        blobs.insert(0, (cd, config));
+        blobs.insert(0, (md.clone(), manifest));
+        let store = &cache.inner.store;
+        for (d, b) in &blobs {
+            store.write_blob(d, "blob", b).unwrap();
+        }
+        store
+            .write_ref_file(&RefFile {
+                reference: reference.to_owned(),
+                digest: md.to_string(),
+                last_used: Some(last_used),
+            })
+            .unwrap();
+        Stored { blobs, diff_ids }
+    }
+
+    async fn get(cache: &Cache, reference: &str) -> Result<Image, Error> {
+        let r = cache.parse_reference(reference).unwrap();
+        cache
+            .get(&r, PullPolicy::Never, &Credentials::Anonymous)
+            .await
+    }
+
+    fn open(root: &Path) -> Cache {
+        Cache::open(CacheConfig::new(root)).unwrap()
+    }
+
+    fn refs(cache: &Cache) -> Vec<String> {
+        let mut v: Vec<String> = cache
+            .inner
+            .store
+            .list()
+            .into_iter()
+            .map(|i| i.reference)
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn prune_evicts_least_recently_used_keeps_shared_and_leased() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = open(&tmp.path().join("cache"));
+        let base = layer("base", 200_000);
+        let (ta, tb, tc) = (layer("a", 10_000), layer("b", 20_000), layer("c", 30_000));
+        store_image(&cache, "r.test/a:1", &[&base, &ta], 100);
+        let b = store_image(&cache, "r.test/b:1", &[&base, &tb], 300);
+        store_image(&cache, "r.test/c:1", &[&base, &tc], 200);
+        for r in ["r.test/a:1", "r.test/b:1", "r.test/c:1"] {
+            get(&cache, r).await.unwrap();
+        }
+        let list = cache.list().await.unwrap();
+        assert_eq!(list.len(), 3);
+        assert!(
+            list.iter().all(|i| i.bytes > 200_000 && !i.in_use),
+            "{list:?}"
+        );
+        // A get less than a minute after the recorded use does not rewrite it; our
+        // fixtures' last use is in 1970, so it did.
+        assert!(
+            list.iter()
+                .all(|i| i.last_used.unwrap() > UNIX_EPOCH + Duration::from_secs(1000))
+        );
+        // Back to the fixture's times for the order.
+        let a = store_image(&cache, "r.test/a:1", &[&base, &ta], 100).diff_ids;
+        let b_ids = store_image(&cache, "r.test/b:1", &[&base, &tb], 300).diff_ids;
+        let c_ids = store_image(&cache, "r.test/c:1", &[&base, &tc], 200).diff_ids;
+        let store = &cache.inner.store;
+        let total = cache.prune_unused().await.unwrap().total_bytes;
+
+        // Just over the limit: the least recently used image goes, the shared base stays.
+        let r = cache.prune(total - 1).await.unwrap();
+        assert_eq!(r.removed_refs, vec!["r.test/a:1".to_owned()]);
+        assert!(r.removed_layers == 1 && r.removed_blobs == 3, "{r:?}");
+        assert!(r.total_bytes < total);
+        assert!(store.layer_dir(&a[0]).is_dir(), "the shared base stays");
+        assert!(!store.layer_dir(&a[1]).exists());
+        assert_eq!(refs(&cache), vec!["r.test/b:1", "r.test/c:1"]);
+
+        // b is in use: prune to 0 takes c and keeps b and everything it uses.
+        let (image_b, lease) = {
+            let r = cache.parse_reference("r.test/b:1").unwrap();
+            cache
+                .get_leased(&r, PullPolicy::Never, &Credentials::Anonymous)
+                .await
+                .unwrap()
+        };
+        // Another process (a second Cache on the same root) honours the lease too.
+        let other = open(&tmp.path().join("cache"));
+        let r = other.prune(0).await.unwrap();
+        assert_eq!(r.removed_refs, vec!["r.test/c:1".to_owned()]);
+        assert_eq!(r.kept_in_use, vec!["r.test/b:1".to_owned()]);
+        assert!(!store.layer_dir(&c_ids[1]).exists());
+        for l in &image_b.layers {
+            assert!(l.is_dir(), "{}", l.display());
+        }
+        for (d, _) in &b.blobs {
+            assert!(store.has_blob(d), "{d}");
+        }
+        assert!(cache.list().await.unwrap()[0].in_use);
+        get(&cache, "r.test/b:1").await.unwrap();
+
+        // Released: everything goes.
+        drop(lease);
+        let r = other.prune(0).await.unwrap();
+        assert_eq!(r.removed_refs, vec!["r.test/b:1".to_owned()]);
+        assert_eq!(r.total_bytes, 0);
+        assert!(!store.layer_dir(&b_ids[0]).exists());
+        assert!(names(store.blobs_dir()).is_empty());
+        assert!(names(&store.leases).is_empty(), "stale leases are removed");
+        assert!(matches!(
+            get(&cache, "r.test/b:1").await,
+            Err(Error::NotCached { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn prune_within_limit_keeps_everything() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = open(&tmp.path().join("cache"));
+        let base = layer("base", 50_000);
+        store_image(&cache, "r.test/a:1", &[&base], 1);
+        get(&cache, "r.test/a:1").await.unwrap();
+        let r = cache.prune(u64::MAX).await.unwrap();
+        assert!(r.removed_refs.is_empty() && r.freed_bytes == 0, "{r:?}");
+        get(&cache, "r.test/a:1").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn verify_repairs_blobs_layers_and_refs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("cache");
+        let cache = open(&root);
+        let (base, top) = (layer("base", 40_000), layer("top", 4_000));
+        let s = store_image(&cache, "r.test/a:1", &[&base, &top], 1);
+        get(&cache, "r.test/a:1").await.unwrap();
+        let store = &cache.inner.store;
+        let clean = cache.verify().await.unwrap();
+        assert!(!clean.damaged(), "{clean:?}");
+        assert_eq!(
+            (
+                clean.blobs_checked,
+                clean.layers_checked,
+                clean.refs_checked
+            ),
+            (4, 2, 1)
+        );
+
+        // Truncated size record of an unpacked layer, and a dead process's tmp/ session.
+        let json = store.layer_stats_path(&s.diff_ids[1]);
+        fs::write(&json, b"{\"bytes\":").unwrap();
+        fs::create_dir_all(root.join("tmp/1-1/layer-0")).unwrap();
+        let r = cache.verify().await.unwrap();
+        assert!(r.damaged());
+        assert_eq!(r.broken_layers.len(), 1, "{r:?}");
+        assert!(r.broken_layers[0].ends_with(s.diff_ids[1].hex()));
+        assert!(r.leftovers_removed >= 1 && !root.join("tmp/1-1").exists());
+        assert!(!store.layer_dir(&s.diff_ids[1]).exists() && !json.exists());
+        let image = get(&cache, "r.test/a:1").await.expect("unpacked again");
+        assert!(image.layers[1].join("top.bin").is_file());
+
+        // A corrupted layer blob (the layer stays unpacked: the image still runs).
+        let layer_blob = &s.blobs[3].0;
+        fs::write(store.blob_path(layer_blob), b"bit rot").unwrap();
+        let r = cache.verify().await.unwrap();
+        assert_eq!(r.corrupt_blobs, vec![layer_blob.to_string()]);
+        assert!(!store.has_blob(layer_blob));
+        get(&cache, "r.test/a:1").await.unwrap();
+
+        // A corrupted manifest: the blob goes, then the reference to it.
+        let manifest = &s.blobs[0].0;
+        let mut bytes = fs::read(store.blob_path(manifest)).unwrap();
+        bytes.truncate(bytes.len() / 2);
+        fs::write(store.blob_path(manifest), bytes).unwrap();
+        let r = cache.verify().await.unwrap();
+        assert_eq!(r.corrupt_blobs, vec![manifest.to_string()]);
+        assert_eq!(r.dangling_refs, vec!["r.test/a:1".to_owned()]);
+        assert!(matches!(
+            get(&cache, "r.test/a:1").await,
+            Err(Error::NotCached { .. })
+        ));
+        // An unreadable reference record is dangling too.
+        fs::write(root.join("refs").join("0".repeat(64)), b"{").unwrap();
+        let r = cache.verify().await.unwrap();
+        assert_eq!(r.dangling_refs.len(), 1, "{r:?}");
+
+        // A new pull (here: storing the blobs again) works, and verify is clean.
+        store_image(&cache, "r.test/a:1", &[&base, &top], 1);
+        get(&cache, "r.test/a:1").await.unwrap();
+        let r = cache.verify().await.unwrap();
+        assert!(!r.damaged(), "{r:?}");
+    }
+}

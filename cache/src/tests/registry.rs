@@ -1,0 +1,497 @@
+//! Registry hardening: private CAs, single flight, lying registries, secrets in logs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+/// Entries of `dir` (sorted), empty if it does not exist.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Reads one request head (request line and headers); `None` at EOF or on garbage.
+async fn read_head<R: AsyncBufReadExt + Unpin>(conn: &mut R) -> Option<Vec<String>> {
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        let n = tokio::time::timeout(Duration::from_secs(10), conn.read_line(&mut line))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 || head.len() > 100 {
+            return None;
+        }
+        if line == "\r\n" {
+            return Some(head);
+        }
+        head.push(line.trim_end().to_owned());
+    }
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it: (ca, cert, key) PEM.
+fn test_pki() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_registry_needs_the_ca_bundle() {
+    // Bundles are checked when the cache opens.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bad = CacheConfig::new(tmp.path().join("bad"));
+    bad.ca_bundle = Some(b"not a certificate".to_vec());
+    let err = Cache::open(bad).unwrap_err();
+    assert!(err.to_string().contains("CA bundle"), "{err}");
+
+    let (ca, cert, key) = test_pki();
+    let Some(reg) = start_registry_with(None, Some((&cert, &key))) else {
+        return;
+    };
+    let layout = tmp.path().join("layout");
+    let t = write_layout(&layout, &[base_layer(), top_layer()], "v1", false);
+    push(&layout, "v1", &format!("{}/tls/fn:v1", reg.addr), None);
+    let reference = format!("{}/tls/fn:v1", reg.addr);
+
+    // A loopback registry that speaks TLS is verified: unknown CA, clear error.
+    let cache = cache_at(&tmp.path().join("no-bundle"));
+    let r = cache.parse_reference(&reference).unwrap();
+    let err = cache
+        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .await
+        .unwrap_err();
+    eprintln!("error: {err}");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+    assert!(entries(&cache.root().join("blobs/sha256")).is_empty());
+
+    // With the CA bundle (other certificates around it are fine) it pulls.
+    let (other_ca, _, _) = test_pki();
+    let mut config = CacheConfig::new(tmp.path().join("bundle"));
+    config.ca_bundle = Some(format!("# private CAs\n{other_ca}\n{ca}").into_bytes());
+    let cache = Cache::open(config).unwrap();
+    let image = cache
+        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    check_image(&cache, &image, &t);
+}
+
+/// A proxy to `upstream` that counts the GETs of each path, one request per connection.
+async fn counting_proxy(upstream: String) -> (String, Arc<Mutex<HashMap<String, usize>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let counts = Arc::new(Mutex::new(HashMap::new()));
+    let c = counts.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let (upstream, counts) = (upstream.clone(), c.clone());
+            tokio::spawn(async move {
+                let mut conn = BufReader::new(conn);
+                let Some(head) = read_head(&mut conn).await else {
+                    return;
+                };
+                let mut parts = head[0].split(' ');
+                let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                if method == "GET" {
+                    *counts.lock().unwrap().entry(path.to_owned()).or_insert(0) += 1;
+                }
+                // GETs and HEADs have no body; one request per connection.
+                let mut request = head[0].clone() + "\r\n";
+                for h in &head[1..] {
+                    if !h.to_ascii_lowercase().starts_with("connection:") {
+                        request += &format!("{h}\r\n");
+                    }
+                }
+                request += "Connection: close\r\n\r\n";
+                let Ok(mut up) = TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                if up.write_all(request.as_bytes()).await.is_err() {
+                    return;
+                }
+                let mut conn = conn.into_inner();
+                let _ = tokio::io::copy(&mut up, &mut conn).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    (addr, counts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_pulls_fetch_each_blob_once() {
+    let Some(reg) = start_registry(None) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let t = write_layout(&layout, &[base_layer(), top_layer()], "v1", false);
+    push(&layout, "v1", &format!("{}/sf/fn:v1", reg.addr), None);
+    let (proxy, counts) = counting_proxy(reg.addr.clone()).await;
+
+    let cache = Arc::new(cache_at(&tmp.path().join("cache")));
+    let r = cache.parse_reference(&format!("{proxy}/sf/fn:v1")).unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (cache, r) = (cache.clone(), r.clone());
+        tasks.push(tokio::spawn(async move {
+            cache
+                .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+                .await
+        }));
+    }
+    let mut images = Vec::new();
+    for task in tasks {
+        images.push(task.await.unwrap().unwrap());
+    }
+    check_image(&cache, &images[0], &t);
+    for image in &images {
+        assert_eq!(image.layers, images[0].layers);
+        assert_eq!(image.digest, images[0].digest);
+    }
+    assert_eq!(images.iter().filter(|i| i.pulled).count(), 1);
+
+    let counts = counts.lock().unwrap().clone();
+    let blobs: BTreeMap<&String, &usize> = counts
+        .iter()
+        .filter(|(p, _)| p.contains("/blobs/sha256:"))
+        .collect();
+    let config = std::fs::read(layout.join("blobs/sha256").join(t.manifest.hex())).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&config).unwrap();
+    let mut expected = vec![manifest["config"]["digest"].as_str().unwrap().to_owned()];
+    expected.extend(t.layer_blobs.iter().map(|d| d.to_string()));
+    assert_eq!(blobs.len(), expected.len(), "{blobs:?}");
+    for d in &expected {
+        let path = format!("/v2/sf/fn/blobs/{d}");
+        assert_eq!(counts.get(&path), Some(&1), "{path}: {blobs:?}");
+    }
+    let manifests: Vec<_> = counts
+        .iter()
+        .filter(|(p, _)| p.contains("/manifests/"))
+        .collect();
+    assert_eq!(manifests, vec![(&"/v2/sf/fn/manifests/v1".to_owned(), &1)]);
+}
+
+/// How the lying registry lies.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+enum Lie {
+    Honest,
+    /// The first layer's bytes differ from its digest (same size).
+    Mismatch,
+    /// The first layer is cut in half: full Content-Length, then close.
+    Truncated,
+    /// The manifest is larger than the manifest cap.
+    HugeManifest,
+    /// The manifest says it is a schema 1 manifest.
+    ManifestMediaType,
+    /// A layer has an unknown media type.
+    LayerMediaType,
+}
+
+/// A registry at 127.0.0.1 serving `repo:v1` from `blobs` and `manifest`, lying as `mode` says.
+async fn lying_registry(
+    manifest: Vec<u8>,
+    blobs: HashMap<String, Vec<u8>>,
+    bad_layer: String,
+    mode: Arc<AtomicU8>,
+) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (manifest, blobs) = (Arc::new(manifest), Arc::new(blobs));
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let (manifest, blobs, bad_layer, mode) = (
+                manifest.clone(),
+                blobs.clone(),
+                bad_layer.clone(),
+                mode.clone(),
+            );
+            tokio::spawn(async move {
+                let mut conn = BufReader::new(conn);
+                let Some(head) = read_head(&mut conn).await else {
+                    return;
+                };
+                let lie = match mode.load(Ordering::SeqCst) {
+                    1 => Lie::Mismatch,
+                    2 => Lie::Truncated,
+                    3 => Lie::HugeManifest,
+                    4 => Lie::ManifestMediaType,
+                    5 => Lie::LayerMediaType,
+                    _ => Lie::Honest,
+                };
+                let path = head[0].split(' ').nth(1).unwrap_or("").to_owned();
+                let mut content_type = "application/octet-stream".to_owned();
+                let (status, mut body) = if path == "/v2/" {
+                    ("200 OK", b"{}".to_vec())
+                } else if path == "/v2/lie/fn/manifests/v1" {
+                    content_type = OCI_MANIFEST.to_owned();
+                    let text = String::from_utf8(manifest.to_vec()).unwrap();
+                    let body = match lie {
+                        Lie::HugeManifest => text.replacen(
+                            "\"schemaVersion\":2",
+                            &format!(
+                                "\"schemaVersion\":2,\"annotations\":{{\"pad\":\"{}\"}}",
+                                "x".repeat(5 << 20)
+                            ),
+                            1,
+                        ),
+                        Lie::ManifestMediaType => {
+                            content_type =
+                                "application/vnd.docker.distribution.manifest.v1+prettyjws".into();
+                            text.replace(OCI_MANIFEST, &content_type)
+                        }
+                        Lie::LayerMediaType => text.replacen(GZ_LAYER, "application/x-evil", 1),
+                        _ => text,
+                    };
+                    ("200 OK", body.into_bytes())
+                } else if let Some(d) = path.strip_prefix("/v2/lie/fn/blobs/")
+                    && let Some(b) = blobs.get(d)
+                {
+                    let mut b = b.clone();
+                    if lie == Lie::Mismatch && d == bad_layer {
+                        let last = b.len() - 1;
+                        b[last] ^= 0xff;
+                    }
+                    ("200 OK", b)
+                } else {
+                    (
+                        "404 Not Found",
+                        br#"{"errors":[{"code":"NOT_FOUND","message":"no"}]}"#.to_vec(),
+                    )
+                };
+                let len = body.len();
+                if lie == Lie::Truncated && path.ends_with(&bad_layer) {
+                    body.truncate(len / 2);
+                }
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\nDocker-Distribution-Api-Version: registry/2.0\r\nConnection: close\r\n\r\n"
+                );
+                let mut conn = conn.into_inner();
+                if conn.write_all(resp.as_bytes()).await.is_ok() {
+                    let _ = conn.write_all(&body).await;
+                }
+                let _ = conn.shutdown().await;
+                // Drain what is left so the close is not a reset.
+                let mut rest = [0u8; 1024];
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(100), conn.read(&mut rest)).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lying_registry_is_refused_and_nothing_is_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let t = write_layout(&layout, &[base_layer(), top_layer()], "v1", false);
+    let blob_dir = layout.join("blobs/sha256");
+    let mut blobs = HashMap::new();
+    for name in entries(&blob_dir) {
+        blobs.insert(
+            format!("sha256:{name}"),
+            std::fs::read(blob_dir.join(&name)).unwrap(),
+        );
+    }
+    let manifest = blobs[&t.manifest.to_string()].clone();
+    let config_digest =
+        serde_json::from_slice::<serde_json::Value>(&manifest).unwrap()["config"]["digest"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    let bad = t.layer_blobs[0].to_string();
+    let mode = Arc::new(AtomicU8::new(0));
+    let addr = lying_registry(manifest, blobs, bad.clone(), mode.clone()).await;
+
+    let cache = cache_at(&tmp.path().join("cache"));
+    let r = cache.parse_reference(&format!("{addr}/lie/fn:v1")).unwrap();
+    let blobs_dir = cache.root().join("blobs/sha256");
+    let cases = [
+        (Lie::Mismatch, ErrorKind::Corrupt, "digest mismatch"),
+        (Lie::Truncated, ErrorKind::Unavailable, "download of layer"),
+        (Lie::HugeManifest, ErrorKind::Corrupt, "larger than"),
+        (Lie::ManifestMediaType, ErrorKind::Corrupt, "media type"),
+        (
+            Lie::LayerMediaType,
+            ErrorKind::Corrupt,
+            "application/x-evil",
+        ),
+    ];
+    for (lie, kind, text) in cases {
+        mode.store(lie as u8, Ordering::SeqCst);
+        let err = cache
+            .get(&r, PullPolicy::Always, &Credentials::Anonymous)
+            .await
+            .unwrap_err();
+        eprintln!("{lie:?}: {err}");
+        assert_eq!(err.kind(), kind, "{lie:?}: {err}");
+        assert!(err.to_string().contains(text), "{lie:?}: {err}");
+        // Only documents that were verified may be stored; never the lying layer.
+        let stored = entries(&blobs_dir);
+        assert!(
+            !stored.contains(&t.layer_blobs[0].hex().to_owned()),
+            "{lie:?}"
+        );
+        for name in &stored {
+            assert!(
+                *name == t.manifest.hex() || format!("sha256:{name}") == config_digest,
+                "{lie:?}: unexpected blob {name}"
+            );
+        }
+        if matches!(
+            lie,
+            Lie::HugeManifest | Lie::ManifestMediaType | Lie::LayerMediaType
+        ) {
+            // Refused before anything else was fetched: nothing new.
+            assert!(stored.len() <= 2, "{lie:?}: {stored:?}");
+        }
+        assert!(layer_dirs(&cache).is_empty(), "{lie:?}");
+        assert_eq!(session_files(&cache), 0, "{lie:?}");
+        assert!(
+            std::fs::read_dir(cache.root().join("refs"))
+                .unwrap()
+                .next()
+                .is_none()
+        );
+    }
+
+    // Nothing at all was stored by the lies that fail before the manifest is verified.
+    let fresh = cache_at(&tmp.path().join("fresh"));
+    for lie in [
+        Lie::HugeManifest,
+        Lie::ManifestMediaType,
+        Lie::LayerMediaType,
+    ] {
+        mode.store(lie as u8, Ordering::SeqCst);
+        fresh
+            .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+            .await
+            .unwrap_err();
+        assert!(
+            entries(&fresh.root().join("blobs/sha256")).is_empty(),
+            "{lie:?}"
+        );
+        assert!(layer_dirs(&fresh).is_empty(), "{lie:?}");
+    }
+
+    // An honest pull of the same image works afterwards.
+    mode.store(Lie::Honest as u8, Ordering::SeqCst);
+    let image = cache
+        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    check_image(&cache, &image, &t);
+    let image = fresh
+        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    check_image(&fresh, &image, &t);
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn credentials_never_appear_in_logs_or_errors() {
+    if !have("htpasswd") {
+        eprintln!("skipping: htpasswd is missing");
+        return;
+    }
+    let Some(reg) = start_registry(Some(("alice", "wonderland-secret"))) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    write_layout(&layout, &[base_layer()], "v1", false);
+    push(
+        &layout,
+        "v1",
+        &format!("{}/private/fn:v1", reg.addr),
+        Some("alice:wonderland-secret"),
+    );
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let cache = cache_at(&tmp.path().join("cache"));
+    let secrets = [
+        "wonderland-secret",
+        "hunter2-password",
+        "tok-s3cret-value",
+        // base64 of the user:password pairs, as sent in Authorization: Basic.
+        "YWxpY2U6d29uZGVybGFuZC1zZWNyZXQ",
+        "YWxpY2U6aHVudGVyMi1wYXNzd29yZA",
+    ];
+    let mut errors = Vec::new();
+    let wrong = Credentials::Basic {
+        username: "alice".into(),
+        password: "hunter2-password".into(),
+    };
+    let right = Credentials::Basic {
+        username: "alice".into(),
+        password: "wonderland-secret".into(),
+    };
+    let bearer = Credentials::Bearer {
+        token: "tok-s3cret-value".into(),
+    };
+    for (tag, creds) in [("v1", &wrong), ("nope", &right), ("v1", &bearer)] {
+        let r = cache
+            .parse_reference(&format!("{}/private/fn:{tag}", reg.addr))
+            .unwrap();
+        let err = cache.get(&r, PullPolicy::Always, creds).await.unwrap_err();
+        errors.push(format!("{err} {err:?} {creds:?}"));
+    }
+    drop(_guard);
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logs.contains("pulling image"),
+        "logs were not captured: {logs}"
+    );
+    for secret in secrets {
+        assert!(!logs.contains(secret), "{secret} in logs:\n{logs}");
+        for e in &errors {
+            assert!(!e.contains(secret), "{secret} in error: {e}");
+        }
+    }
+}
