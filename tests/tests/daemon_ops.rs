@@ -171,3 +171,130 @@ fn version_has_build_info() {
     assert!(out.stdout.starts_with("fnrun 0."), "{}", out.stdout);
     assert!(out.stdout.contains("rustc"), "{}", out.stdout);
 }
+
+/// Waits up to `limit` for no host process to run `sleep <seconds>`.
+fn sleepers_gone(seconds: u32, limit: Duration) -> bool {
+    let arg = seconds.to_string();
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if fnrun_tests::fixtures::processes_with_argv(&["sleep", &arg]).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_has_its_run_killed() {
+    let seconds = 4000 + std::process::id() % 500;
+    let registry = Registry::start().expect("registry starts");
+    let image = fnrun_tests::fixtures::sleeper(seconds).push_to(&registry, "fns/sleeper:v1");
+    let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
+    let call = {
+        let mut client = daemon.client().await.expect("connects");
+        let image = image.clone();
+        tokio::spawn(async move {
+            let req = Run::new(&image, SAMPLE)
+                .timeout(Duration::from_secs(600))
+                .build();
+            client::run_function(&mut client, req).await
+        })
+    };
+    // Wait until the function runs, then drop the call and its connection.
+    let start = Instant::now();
+    while fnrun_tests::fixtures::processes_with_argv(&["sleep", &seconds.to_string()]).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the function never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    call.abort();
+    let _ = call.await;
+    assert!(
+        sleepers_gone(seconds, Duration::from_secs(10)),
+        "the run outlived its client"
+    );
+    // The daemon still serves.
+    let mut client = daemon.client().await.expect("connects");
+    let echo = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    client::run_function(&mut client, Run::new(&echo, SAMPLE).build())
+        .await
+        .expect("still serving");
+}
+
+#[tokio::test]
+async fn a_queued_call_honours_the_client_deadline() {
+    let seconds = 4500 + std::process::id() % 500;
+    let registry = Registry::start().expect("registry starts");
+    let image = fnrun_tests::fixtures::sleeper(seconds).push_to(&registry, "fns/sleeper:v1");
+    let addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    let daemon = Daemon::start(
+        DaemonOpts::default()
+            .arg("--max-concurrency")
+            .arg("1")
+            .arg("--max-queue")
+            .arg("4")
+            .arg("--metrics-listen")
+            .arg(&addr),
+    )
+    .expect("fnrun serve starts");
+    let scrape = || http_get(&addr, "/metrics").expect("GET /metrics").1;
+    let mut client = daemon.client().await.expect("connects");
+    // Occupy the only slot.
+    let busy = {
+        let mut client = client.clone();
+        let image = image.clone();
+        tokio::spawn(async move {
+            let req = Run::new(&image, SAMPLE)
+                .timeout(Duration::from_secs(8))
+                .build();
+            client::run_function(&mut client, req).await
+        })
+    };
+    let start = Instant::now();
+    while fnrun_tests::fixtures::processes_with_argv(&["sleep", &seconds.to_string()]).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the first run never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A second call waits in the queue with a 1 s gRPC deadline.
+    let mut req = tonic::Request::new(Run::new(&image, SAMPLE).build());
+    req.set_timeout(Duration::from_secs(1));
+    let start = Instant::now();
+    let err = client.run_function(req).await.expect_err("deadline passes");
+    // The client's own timer may end the call first (Cancelled, "Timeout
+    // expired"); what matters is that the server gave up the queued call too.
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    let mut dequeued = false;
+    for _ in 0..20 {
+        let body = scrape();
+        if sample(&body, "fnrun_queue_depth") == 0.0 {
+            assert_eq!(sample(&body, "fnrun_runs_in_flight"), 1.0, "{body}");
+            dequeued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(dequeued, "the server kept the expired call queued");
+    let err = busy.await.unwrap().expect_err("the first run times out");
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
+    assert!(
+        sleepers_gone(seconds, Duration::from_secs(10)),
+        "a run was left behind"
+    );
+}
