@@ -39,7 +39,24 @@ pub(crate) const TOUCH_INTERVAL: u64 = 60;
 /// no prune (in this or another process) removes them meanwhile.
 #[derive(Debug)]
 pub struct Lease {
-    _lock: Flock<File>,
+    lock: Flock<File>,
+    path: PathBuf,
+}
+
+impl Drop for Lease {
+    /// The last holder removes the lease file, the way a pruner removes a stale
+    /// one: only under an exclusive lock, so a holder that opened the file
+    /// meanwhile sees its inode gone after locking and starts a new one. Lease
+    /// files therefore do not pile up, one per image ever run.
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock(2) on a descriptor this lease owns; no memory is involved.
+        let last =
+            unsafe { libc::flock(self.lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if last {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// One cached reference, as listed by [`Cache::list`].
@@ -366,7 +383,10 @@ impl Store {
             let ours = held.metadata().map_err(io_err("inspect", &path))?;
             match fs::metadata(&path) {
                 Ok(now) if now.ino() == ours.ino() && now.dev() == ours.dev() => {
-                    return Ok(Lease { _lock: held });
+                    return Ok(Lease {
+                        lock: held,
+                        path: path.clone(),
+                    });
                 }
                 _ => continue,
             }
@@ -826,6 +846,40 @@ mod tests {
             get(&cache, "r.test/b:1").await,
             Err(Error::NotCached { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn the_last_lease_holder_removes_the_lease_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = open(&tmp.path().join("cache"));
+        store_image(&cache, "r.test/a:1", &[&layer("base", 10_000)], 1);
+        let r = cache.parse_reference("r.test/a:1").unwrap();
+        let anon = Credentials::Anonymous;
+        let (_, first) = cache
+            .get_leased(&r, PullPolicy::Never, &anon)
+            .await
+            .unwrap();
+        let (_, second) = cache
+            .get_leased(&r, PullPolicy::Never, &anon)
+            .await
+            .unwrap();
+        let leases = &cache.inner.store.leases;
+        assert_eq!(names(leases).len(), 1, "both runs share one lease file");
+        drop(first);
+        assert_eq!(names(leases).len(), 1, "still held by the second run");
+        assert!(cache.list().await.unwrap()[0].in_use);
+        drop(second);
+        assert!(
+            names(leases).is_empty(),
+            "runs must not leave lease files behind"
+        );
+        // And a new run leases it again.
+        let (_, third) = cache
+            .get_leased(&r, PullPolicy::Never, &anon)
+            .await
+            .unwrap();
+        assert!(cache.list().await.unwrap()[0].in_use);
+        drop(third);
     }
 
     #[tokio::test]
