@@ -172,6 +172,19 @@ fn version_has_build_info() {
     assert!(out.stdout.contains("rustc"), "{}", out.stdout);
 }
 
+/// Waits (up to a minute) until a host process runs `sleep <seconds>`.
+async fn sleeper_started(seconds: u32) {
+    let arg = seconds.to_string();
+    let start = Instant::now();
+    while fnrun_tests::fixtures::processes_with_argv(&["sleep", &arg]).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the function never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits up to `limit` for no host process to run `sleep <seconds>`.
 fn sleepers_gone(seconds: u32, limit: Duration) -> bool {
     let arg = seconds.to_string();
@@ -202,14 +215,7 @@ async fn a_client_that_goes_away_has_its_run_killed() {
         })
     };
     // Wait until the function runs, then drop the call and its connection.
-    let start = Instant::now();
-    while fnrun_tests::fixtures::processes_with_argv(&["sleep", &seconds.to_string()]).is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the function never started"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sleeper_started(seconds).await;
     call.abort();
     let _ = call.await;
     assert!(
@@ -253,14 +259,7 @@ async fn a_queued_call_honours_the_client_deadline() {
             client::run_function(&mut client, req).await
         })
     };
-    let start = Instant::now();
-    while fnrun_tests::fixtures::processes_with_argv(&["sleep", &seconds.to_string()]).is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the first run never started"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sleeper_started(seconds).await;
     // A second call waits in the queue with a 1 s gRPC deadline.
     let mut req = tonic::Request::new(Run::new(&image, SAMPLE).build());
     req.set_timeout(Duration::from_secs(1));
