@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::{Digest, Hasher};
 use crate::manifest::{self, MAX_METADATA_BYTES, Manifest};
-use crate::store::{RefFile, Store, StoreError, fsync_dir, lock, write_synced};
+use crate::store::{RefFile, Store, StoreError, fsync_dir, lock, write_new};
 use crate::unpack::{LayerStats, remove_tree};
 use crate::{Cache, Error, Image, blocking};
 
@@ -362,7 +362,9 @@ impl Store {
         for _ in 0..100 {
             if fs::symlink_metadata(&path).is_err() {
                 let tmp = self.tmp_path("lease");
-                write_synced(&tmp, &json)?;
+                // Not synced: a lease means something only while its holder lives,
+                // and after a crash nobody holds it, whatever it contains.
+                write_new(&tmp, &json)?;
                 let cwd = nix::fcntl::AT_FDCWD;
                 match renameat2(cwd, &tmp, cwd, &path, RenameFlags::RENAME_NOREPLACE) {
                     Ok(()) => {}

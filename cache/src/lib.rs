@@ -32,7 +32,7 @@ pub use crate::store::StoreError;
 pub use crate::unpack::UnpackError;
 
 use crate::digest::Digest;
-use crate::manifest::{ImageManifest, MAX_METADATA_BYTES, Manifest};
+use crate::manifest::{ImageManifest, MAX_METADATA_BYTES, Manifest, ParsedConfig};
 use crate::registry::{Registries, Repo};
 use crate::store::{KeyedLocks, Store};
 use crate::unpack::{Budget, Exceeded};
@@ -321,6 +321,15 @@ struct Resolved {
     manifest: ImageManifest,
 }
 
+/// What [`Inner::inspect`] finds of an image.
+struct Inspected {
+    parsed: ParsedConfig,
+    /// Charged with the layers already unpacked.
+    budget: Arc<Budget>,
+    /// Indices of the layers not unpacked yet.
+    missing: Vec<usize>,
+}
+
 struct Inner {
     store: Store,
     config: CacheConfig,
@@ -388,6 +397,9 @@ impl Cache {
         policy: PullPolicy,
         creds: &Credentials,
     ) -> Result<Image, Error> {
+        if let Some((image, _)) = self.get_present(image, policy, false).await? {
+            return Ok(image);
+        }
         let inner = self.inner.clone();
         let _gc = blocking(move || Ok(inner.store.gc_lock(false)?)).await?;
         self.get_unlocked(image, policy, creds).await
@@ -401,6 +413,9 @@ impl Cache {
         policy: PullPolicy,
         creds: &Credentials,
     ) -> Result<(Image, Lease), Error> {
+        if let Some((image, Some(lease))) = self.get_present(image, policy, true).await? {
+            return Ok((image, lease));
+        }
         let inner = self.inner.clone();
         let gc = blocking(move || Ok(inner.store.gc_lock(false)?)).await?;
         let image = self.get_unlocked(image, policy, creds).await?;
@@ -408,6 +423,41 @@ impl Cache {
         let lease = blocking(move || Ok(inner.store.lease_image(&i)?)).await?;
         drop(gc);
         Ok((image, lease))
+    }
+
+    /// The warm path: the image (and its lease, if `lease`) when everything it needs
+    /// is cached and `policy` does not ask to re-resolve it, in one blocking call.
+    /// `None` sends the caller down the full path.
+    async fn get_present(
+        &self,
+        image: &ImageRef,
+        policy: PullPolicy,
+        lease: bool,
+    ) -> Result<Option<(Image, Option<Lease>)>, Error> {
+        if policy == PullPolicy::Always {
+            return Ok(None);
+        }
+        let image = image.normalized()?;
+        let in_registry = matches!(image, ImageRef::Registry { .. });
+        let inner = self.inner.clone();
+        let found = blocking(move || {
+            let _gc = inner.store.gc_lock(false)?;
+            let Some(image) = inner.present(&image)? else {
+                return Ok(None);
+            };
+            let lease = match lease {
+                true => Some(inner.store.lease_image(&image)?),
+                false => None,
+            };
+            Ok(Some((image, lease)))
+        })
+        .await?;
+        if let Some((image, _)) = &found
+            && in_registry
+        {
+            self.touch(&image.reference).await;
+        }
+        Ok(found)
     }
 
     async fn get_unlocked(
@@ -670,47 +720,22 @@ impl Cache {
         } = resolved;
         let inner = &self.inner;
 
-        // The config.
+        // The config, then what of the image is here already.
         let cfg = manifest.config.clone();
         self.ensure_blob(&cfg.digest, cfg.size, "config", &source, &reference)
             .await?;
-        let config_bytes = {
-            let inner = inner.clone();
-            let source = source.clone();
-            blocking(move || match &source {
-                Source::Layout(path) => Ok(layout::read_blob(path, &cfg.digest)?),
-                _ => Ok(inner
-                    .store
-                    .read_blob(&cfg.digest, "config", MAX_METADATA_BYTES)?),
-            })
-            .await?
-        };
-        let parsed = manifest::parse_config(
-            &config_bytes,
-            &manifest.config.digest,
-            manifest.layers.len(),
-        )?;
-
-        // Charge layers already unpacked to the image's budget; find the missing ones.
-        let budget = Arc::new(Budget::new(inner.config.max_image_bytes, MAX_IMAGE_FILES));
-        let missing = {
-            let inner = inner.clone();
-            let diff_ids = parsed.diff_ids.clone();
-            let budget = budget.clone();
-            let r = reference.clone();
-            blocking(move || {
-                let mut missing = Vec::new();
-                for (i, diff_id) in diff_ids.iter().enumerate() {
-                    match inner.store.layer_stats(diff_id) {
-                        Some(s) => budget
-                            .charge(s.bytes, s.entries)
-                            .map_err(|e| Error::exceeded(&r, e))?,
-                        None => missing.push(i),
-                    }
-                }
-                Ok(missing)
-            })
-            .await?
+        let Inspected {
+            parsed,
+            budget,
+            missing,
+        } = {
+            let (inner, m, s, r) = (
+                inner.clone(),
+                manifest.clone(),
+                source.clone(),
+                reference.clone(),
+            );
+            blocking(move || inner.inspect(&m, &s, &r)).await?
         };
 
         // gzip cannot shrink a tar much below its size: if the compressed layers alone are
@@ -757,17 +782,7 @@ impl Cache {
         }
         futures::future::try_join_all(unpacks).await?;
 
-        Ok(Image {
-            digest: digest.to_string(),
-            layers: parsed
-                .diff_ids
-                .iter()
-                .map(|d| inner.store.layer_dir(d))
-                .collect(),
-            config: parsed.config,
-            reference,
-            pulled: false,
-        })
+        Ok(inner.image(reference, &digest, parsed))
     }
 
     /// Makes a blob available from `source`: present in the store (downloading it if
@@ -871,6 +886,97 @@ impl Cache {
 }
 
 impl Inner {
+    /// The image if everything it needs is here already (its record or layout, its
+    /// config and every layer unpacked), found without network and without writing:
+    /// the warm path of a run, done in one blocking call. `None` when something is
+    /// missing (or it is an `oci-archive:`), for the full path to fetch or report.
+    fn present(&self, image: &ImageRef) -> Result<Option<Image>, Error> {
+        let (resolved, source) = match image {
+            ImageRef::OciLayout { archive: true, .. } => return Ok(None),
+            ImageRef::OciLayout { path, tag, .. } => {
+                let (digest, manifest) = layout::resolve(path, tag.as_deref())?;
+                let resolved = Resolved {
+                    reference: image.to_string(),
+                    digest,
+                    manifest,
+                };
+                (resolved, Source::Layout(path.clone()))
+            }
+            ImageRef::Registry { .. } => {
+                let reference = image.to_string();
+                match self.resolve_local(&reference, image.pinned_digest())? {
+                    Some(resolved) => (resolved, Source::Local),
+                    None => return Ok(None),
+                }
+            }
+        };
+        let present = match &source {
+            Source::Layout(path) => {
+                layout::check_blob(path, &resolved.manifest.config.digest).is_ok()
+            }
+            _ => self.store.has_blob(&resolved.manifest.config.digest),
+        };
+        if !present {
+            return Ok(None);
+        }
+        let inspected = self.inspect(&resolved.manifest, &source, &resolved.reference)?;
+        if !inspected.missing.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.image(
+            resolved.reference,
+            &resolved.digest,
+            inspected.parsed,
+        )))
+    }
+
+    /// Reads and parses the config of `manifest` (present in `source`), charges the
+    /// layers already unpacked to a new budget and lists the missing ones.
+    fn inspect(
+        &self,
+        manifest: &ImageManifest,
+        source: &Source,
+        reference: &str,
+    ) -> Result<Inspected, Error> {
+        let cfg = &manifest.config;
+        let config_bytes = match source {
+            Source::Layout(path) => layout::read_blob(path, &cfg.digest)?,
+            _ => self
+                .store
+                .read_blob(&cfg.digest, "config", MAX_METADATA_BYTES)?,
+        };
+        let parsed = manifest::parse_config(&config_bytes, &cfg.digest, manifest.layers.len())?;
+        let budget = Arc::new(Budget::new(self.config.max_image_bytes, MAX_IMAGE_FILES));
+        let mut missing = Vec::new();
+        for (i, diff_id) in parsed.diff_ids.iter().enumerate() {
+            match self.store.layer_stats(diff_id) {
+                Some(s) => budget
+                    .charge(s.bytes, s.entries)
+                    .map_err(|e| Error::exceeded(reference, e))?,
+                None => missing.push(i),
+            }
+        }
+        Ok(Inspected {
+            parsed,
+            budget,
+            missing,
+        })
+    }
+
+    fn image(&self, reference: String, digest: &Digest, parsed: ParsedConfig) -> Image {
+        Image {
+            digest: digest.to_string(),
+            layers: parsed
+                .diff_ids
+                .iter()
+                .map(|d| self.store.layer_dir(d))
+                .collect(),
+            config: parsed.config,
+            reference,
+            pulled: false,
+        }
+    }
+
     /// The image recorded for `reference` (or pinned by digest), if its manifest is stored.
     fn resolve_local(
         &self,

@@ -451,6 +451,13 @@ impl Store {
 
 /// Writes a new 0644 file and syncs it.
 pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_new(path, bytes)?
+        .sync_all()
+        .map_err(io_err("sync", path))
+}
+
+/// Writes `bytes` to the new file `path` (not synced); returns the open file.
+pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> Result<File, StoreError> {
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -458,7 +465,7 @@ pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StoreError> 
         .open(path)
         .map_err(io_err("create", path))?;
     f.write_all(bytes).map_err(io_err("write", path))?;
-    f.sync_all().map_err(io_err("sync", path))
+    Ok(f)
 }
 
 /// Removes everything in `tmp` except `keep`, the sweep lock, and sessions still locked

@@ -278,6 +278,48 @@ async fn oci_layout_get_unpacks_once() {
     assert_eq!(session_files(&cache), 0, "nothing may be left in tmp/");
 }
 
+/// The warm path (everything cached, one blocking call) must still see what changed
+/// since the last get: a tag moved to another image, a layer removed by a prune in
+/// another process.
+#[tokio::test]
+async fn warm_gets_follow_a_moved_tag_and_a_removed_layer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let first = write_layout(&layout, &[base_layer()], "v1", false);
+    let cache = cache_at(&tmp.path().join("cache"));
+    let reference = oci_ref(&layout, Some("v1"));
+    let get = || {
+        cache.get_leased(
+            &reference,
+            PullPolicy::IfNotPresent,
+            &Credentials::Anonymous,
+        )
+    };
+    let (image, lease) = get().await.unwrap();
+    assert_eq!(image.digest, first.manifest.to_string());
+    drop(lease);
+    let (again, lease) = get().await.unwrap();
+    assert_eq!(again, image, "a warm get returns the same image");
+    drop(lease);
+
+    // The tag now names an image with one more layer.
+    let second = write_layout(&layout, &[base_layer(), top_layer()], "v1", false);
+    let (moved, lease) = get().await.unwrap();
+    assert_eq!(moved.digest, second.manifest.to_string());
+    assert_eq!(moved.layers.len(), 2);
+    check_image(&cache, &moved, &second);
+    drop(lease);
+
+    // A layer removed behind the cache's back (as a prune elsewhere would) is
+    // unpacked again rather than handed to a run.
+    let top = moved.layers[1].clone();
+    unpack::remove_tree(&top).unwrap();
+    let (repaired, _lease) = get().await.unwrap();
+    assert_eq!(repaired, moved);
+    assert!(top.join("opaque/new").exists());
+    check_image(&cache, &repaired, &second);
+}
+
 #[tokio::test]
 async fn oci_layout_index_and_tag_errors() {
     let tmp = tempfile::tempdir().unwrap();
