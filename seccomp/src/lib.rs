@@ -1,4 +1,6 @@
-//! fnrun's seccomp profile: data, compiled to a BPF program with `seccompiler`.
+//! fnrun's seccomp profile: data, compiled to a compact BPF program (a binary
+//! search over system call numbers, see `compact.rs`), with `seccompiler`'s
+//! program as the reference it is tested against.
 //!
 //! The default profile, `profiles/default.json`, is an allow-list in the spirit of
 //! the Docker/containerd default profile: every system call an ordinary
@@ -152,6 +154,9 @@ pub enum Error {
     /// A system call is both listed as denied and allowed.
     #[error("{name} is listed as denied but allowed by a syscall group")]
     DeniedButAllowed { name: String },
+    /// seccompiler compiled a call into a program of an unexpected shape.
+    #[error("cannot find the number of system call {name:?} on {arch}")]
+    UnknownSyscall { arch: String, name: String },
     /// This architecture cannot be compiled for.
     #[error("unsupported architecture {0}")]
     UnsupportedArch(String),
@@ -401,14 +406,26 @@ impl Profile {
         self.compile_for(std::env::consts::ARCH)
     }
 
-    /// Compiles the profile for `arch` (`x86_64`, `aarch64` or `riscv64`).
+    /// Compiles the profile for `arch` (`x86_64`, `aarch64` or `riscv64`) into
+    /// the compact program installed in functions (see `compact.rs`).
+    pub fn compile_for(&self, arch: &str) -> Result<BpfProgram, Error> {
+        let program = compact::compile(self, arch)?;
+        if program.len() > MAX_INSTRUCTIONS {
+            return Err(Error::TooLarge(program.len()));
+        }
+        Ok(program)
+    }
+
+    /// Compiles the profile for `arch` with seccompiler: a longer program (every
+    /// call tested in turn), kept as the reference the compact one is tested
+    /// against.
     ///
     /// seccompiler builds a program with one match action. So the profile
     /// becomes a chain of programs, one per action other than allow (each
     /// returning its action on a match), then the allow-list (returning the
     /// default action when nothing matches). In every program but the last,
     /// "allow" means "not mine": those returns become jumps to the next program.
-    pub fn compile_for(&self, arch: &str) -> Result<BpfProgram, Error> {
+    pub fn compile_reference_for(&self, arch: &str) -> Result<BpfProgram, Error> {
         let target = seccompiler::TargetArch::try_from(arch)
             .map_err(|_| Error::UnsupportedArch(arch.to_owned()))?;
         // seccompiler's rules per action, in order of first appearance.
@@ -561,6 +578,8 @@ pub fn program_from_file(path: &Path) -> Result<BpfProgram, Error> {
             source: Box::new(e),
         })
 }
+
+mod compact;
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,8 @@
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
+use std::collections::BTreeSet;
+
 use super::*;
 
 /// Set in the environment of the re-executed test binary that runs
@@ -193,6 +195,178 @@ fn program_returns_the_expected_actions() {
     assert_eq!(
         evaluate(&program, 0x4000_0003, libc::SYS_read, [0; 6]),
         RET_KILL_PROCESS
+    );
+}
+
+/// Every operator and width, several actions, alternatives, and a call with both
+/// an unconditional and a conditional rule.
+const EVERY_FEATURE: &str = r#"{
+    "default_action": { "errno": "EPERM" },
+    "syscalls": [
+        { "action": "allow", "names": ["read", "write", "getpid"] },
+        { "action": { "errno": "ENOSYS" }, "names": ["clone3"] },
+        { "action": "trap", "names": ["kill"] },
+        { "action": "log", "names": ["tkill"] },
+        { "action": "kill_thread", "names": ["tgkill"] },
+        { "action": "kill_process", "names": ["getppid"] },
+        { "action": "allow", "names": ["socket"], "args": [{ "index": 0, "type": "dword", "op": "ne", "val": 40 }] },
+        { "action": "allow", "names": ["personality"], "args": [{ "index": 0, "type": "dword", "op": "eq", "val": 0 }] },
+        { "action": "allow", "names": ["personality"], "args": [{ "index": 0, "type": "dword", "op": "eq", "val": 8 }] },
+        { "action": "allow", "names": ["clone"], "args": [{ "index": 0, "type": "dword", "op": { "masked_eq": 2114060288 }, "val": 0 }] },
+        { "action": "allow", "names": ["mprotect"], "args": [
+            { "index": 1, "type": "dword", "op": "lt", "val": 4096 },
+            { "index": 2, "type": "dword", "op": "ge", "val": 1 }] },
+        { "action": "allow", "names": ["madvise"], "args": [
+            { "index": 2, "type": "dword", "op": "le", "val": 4 },
+            { "index": 1, "type": "dword", "op": "gt", "val": 7 }] },
+        { "action": "allow", "names": ["lseek"], "args": [{ "index": 1, "type": "qword", "op": "eq", "val": 4294967298 }] },
+        { "action": "allow", "names": ["pread64"], "args": [{ "index": 3, "type": "qword", "op": "ne", "val": 4294967298 }] },
+        { "action": "allow", "names": ["pwrite64"], "args": [{ "index": 3, "type": "qword", "op": "lt", "val": 8589934593 }] },
+        { "action": "allow", "names": ["readv"], "args": [{ "index": 2, "type": "qword", "op": "le", "val": 8589934593 }] },
+        { "action": "allow", "names": ["writev"], "args": [{ "index": 2, "type": "qword", "op": "gt", "val": 8589934593 }] },
+        { "action": "allow", "names": ["fcntl"], "args": [{ "index": 1, "type": "qword", "op": "ge", "val": 8589934593 }] },
+        { "action": "allow", "names": ["ioctl"], "args": [{ "index": 1, "type": "qword", "op": { "masked_eq": 1099511627775 }, "val": 1095216660735 }] },
+        { "action": "allow", "names": ["ioctl"], "args": [{ "index": 5, "type": "qword", "op": "eq", "val": 18446744073709551615 }] },
+        { "action": "allow", "names": ["fstat"], "args": [{ "index": 0, "type": "dword", "op": "eq", "val": 3 }] },
+        { "action": "allow", "names": ["fstat"] }
+    ]
+}"#;
+
+/// Argument values around every condition of `profile`.
+fn interesting_values(profile: &Profile) -> Vec<u64> {
+    let mut values = vec![
+        0,
+        1,
+        u64::MAX,
+        1 << 32,
+        u64::from(u32::MAX),
+        40,
+        0x7E02_0000,
+    ];
+    for group in &profile.syscalls {
+        for c in &group.args {
+            for v in [c.val, c.val.wrapping_sub(1), c.val.wrapping_add(1)] {
+                values.extend([v, v ^ (1 << 32), v ^ (1 << 63), v & 0xffff_ffff]);
+            }
+            if let Op::MaskedEq(mask) = c.op {
+                values.extend([mask, !mask, c.val | !mask, c.val & mask]);
+            }
+        }
+    }
+    values.sort_unstable();
+    values.dedup();
+    values
+}
+
+/// The compact program and seccompiler's give the same answer for every system
+/// call number (and past them), for argument values around every condition, and
+/// for another architecture.
+fn assert_same_as_reference(profile: &Profile, what: &str) {
+    let values = interesting_values(profile);
+    for arch in ARCHES {
+        let compact = profile.compile_for(arch).unwrap();
+        let reference = profile.compile_reference_for(arch).unwrap();
+        let audit = match arch {
+            "x86_64" => 0xC000_003E,
+            "aarch64" => 0xC000_00B7,
+            _ => 0xC000_00F3,
+        };
+        let conditional: BTreeSet<u8> = profile
+            .syscalls
+            .iter()
+            .flat_map(|g| g.args.iter().map(|c| c.index))
+            .collect();
+        // Arguments matter only to calls with conditions.
+        let checked: BTreeSet<libc::c_long> = profile
+            .syscalls
+            .iter()
+            .filter(|g| g.applies_to(arch) && !g.args.is_empty())
+            .flat_map(|g| &g.names)
+            .map(|name| libc::c_long::from(compact::syscall_number(arch, name).unwrap()))
+            .collect();
+        let numbers = (0..1100).chain([0x4000_0000, 0x4000_0001, u32::MAX as libc::c_long]);
+        for nr in numbers {
+            let same = |args: [u64; 6]| {
+                assert_eq!(
+                    evaluate(&compact, audit, nr, args),
+                    evaluate(&reference, audit, nr, args),
+                    "{what} on {arch}: call {nr} with {args:?}"
+                );
+            };
+            same([0; 6]);
+            same([u64::MAX; 6]);
+            if !checked.contains(&nr) {
+                continue;
+            }
+            for &index in &conditional {
+                for &v in &values {
+                    let mut args = [0; 6];
+                    args[usize::from(index)] = v;
+                    same(args);
+                    // With the other conditioned arguments at the same value too.
+                    let mut all = [0; 6];
+                    for &i in &conditional {
+                        all[usize::from(i)] = v;
+                    }
+                    same(all);
+                }
+            }
+        }
+        assert_eq!(
+            evaluate(&compact, 0x4000_0003, 0, [0; 6]),
+            RET_KILL_PROCESS,
+            "{what} on {arch}: another architecture"
+        );
+    }
+}
+
+#[test]
+fn compact_programs_agree_with_seccompiler() {
+    let default = Profile::default_profile().unwrap();
+    assert_same_as_reference(&default, "the default profile");
+    assert_same_as_reference(&Profile::parse(EVERY_FEATURE).unwrap(), "every feature");
+    // Every allowed call under a condition: leaves too long for a conditional
+    // jump over them (the unconditional-jump form of the search).
+    let mut conditioned = default.clone();
+    for (i, group) in conditioned.syscalls.iter_mut().enumerate() {
+        if group.action == Action::Allow && group.args.is_empty() {
+            group.args.push(Condition {
+                index: (i % 6) as u8,
+                width: if i % 2 == 0 {
+                    Width::Dword
+                } else {
+                    Width::Qword
+                },
+                op: Op::Ne,
+                val: 7 + i as u64,
+                comment: None,
+            });
+        }
+    }
+    let long = conditioned.compile_for(std::env::consts::ARCH).unwrap();
+    assert!(
+        long.iter().any(|i| i.code == 0x05),
+        "no far jump in the search"
+    );
+    assert_same_as_reference(&conditioned, "every call conditioned");
+    let permissive = Profile::parse(r#"{ "default_action": "allow", "syscalls": [] }"#).unwrap();
+    assert_same_as_reference(&permissive, "allow everything");
+}
+
+#[test]
+fn the_default_program_is_short() {
+    // What each install costs the kernel grows with the length; seccompiler's
+    // program was about 1,500 instructions.
+    let program = default_program().unwrap();
+    let reference = Profile::default_profile()
+        .unwrap()
+        .compile_reference_for(std::env::consts::ARCH)
+        .unwrap();
+    assert!(
+        program.len() * 3 < reference.len(),
+        "{} instructions (seccompiler: {})",
+        program.len(),
+        reference.len()
     );
 }
 
