@@ -751,36 +751,26 @@ impl Cache {
             });
         }
 
-        // Compressed blobs of the missing layers. (Futures are collected into Vecs first:
-        // closures inside stream combinators make the future not provably `Send`.)
-        let mut downloads = Vec::with_capacity(missing.len());
+        // Each missing layer is downloaded, then unpacked as soon as its blob is
+        // here, while the others download: a few layers at a time, each once.
+        // (Futures are collected into a Vec first: closures inside stream
+        // combinators make the future not provably `Send`.)
+        let mut layers = Vec::with_capacity(missing.len());
         for &i in &missing {
             let layer = &manifest.layers[i];
-            downloads.push(self.ensure_blob(
-                &layer.digest,
-                layer.size,
-                "layer",
-                &source,
-                &reference,
-            ));
+            let (budget, source, reference) = (budget.clone(), &source, &reference);
+            let diff_id = parsed.diff_ids[i].clone();
+            layers.push(async move {
+                self.ensure_blob(&layer.digest, layer.size, "layer", source, reference)
+                    .await?;
+                self.ensure_layer(layer.digest.clone(), diff_id, source, budget, reference)
+                    .await
+            });
         }
-        futures::stream::iter(downloads)
+        futures::stream::iter(layers)
             .buffer_unordered(CONCURRENT_DOWNLOADS)
             .try_collect::<Vec<()>>()
             .await?;
-
-        // Unpack them (concurrently; each layer once).
-        let mut unpacks = Vec::with_capacity(missing.len());
-        for &i in &missing {
-            unpacks.push(self.ensure_layer(
-                manifest.layers[i].digest.clone(),
-                parsed.diff_ids[i].clone(),
-                &source,
-                budget.clone(),
-                &reference,
-            ));
-        }
-        futures::future::try_join_all(unpacks).await?;
 
         Ok(inner.image(reference, &digest, parsed))
     }

@@ -262,7 +262,7 @@ fn unpack_into(
         .fill_buf()
         .map_err(|e| corrupt(format!("cannot read the blob: {e}")))?;
     let decoder = if magic.starts_with(&[0x1f, 0x8b]) {
-        Decoder::Gzip(flate2::bufread::MultiGzDecoder::new(buffered))
+        Decoder::Gzip(Box::new(flate2::bufread::MultiGzDecoder::new(buffered)))
     } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         // Concatenated frames are read like one stream; libzstd refuses frames whose
         // window exceeds 2^27 bytes (128 MiB), which bounds the decoder's memory.
@@ -330,7 +330,8 @@ fn unpack_into(
 
 enum Decoder<R: BufRead> {
     Plain(R),
-    Gzip(flate2::bufread::MultiGzDecoder<R>),
+    // Boxed: the decoder is much larger than the others (one per layer).
+    Gzip(Box<flate2::bufread::MultiGzDecoder<R>>),
     Zstd(zstd::stream::read::Decoder<'static, R>),
 }
 
@@ -338,7 +339,7 @@ impl<R: BufRead> Decoder<R> {
     fn into_inner(self) -> R {
         match self {
             Decoder::Plain(r) => r,
-            Decoder::Gzip(d) => d.into_inner(),
+            Decoder::Gzip(d) => (*d).into_inner(),
             Decoder::Zstd(d) => d.finish(),
         }
     }
