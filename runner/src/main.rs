@@ -3,6 +3,7 @@
 
 mod cache_cmd;
 mod config;
+mod credential_helper;
 mod docker_config;
 mod error;
 mod listen;
