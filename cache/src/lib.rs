@@ -5,17 +5,21 @@
 //! (bottom to top) and the image config. Every blob is verified against its digest before
 //! it is stored or used, layers are unpacked once per diff_id and layer owner, and hostile
 //! layer content cannot touch anything outside its layer directory (see [`unpack`]).
+//! [`Cache::get_with_progress`] also reports each layer's download and unpacking to a
+//! [`PullProgress`], for progress bars.
 
 mod digest;
 mod gc;
 mod layout;
 mod manifest;
+mod progress;
 mod reference;
 mod registry;
 mod store;
 mod token;
 mod unpack;
 
+use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,13 +30,14 @@ pub use crate::digest::DigestError;
 pub use crate::gc::{CachedImage, Lease, PruneReport, VerifyReport};
 pub use crate::layout::LayoutError;
 pub use crate::manifest::ManifestError;
+pub use crate::progress::{NoProgress, PullProgress};
 pub use crate::reference::{DOCKER_HUB, ImageRef, ReferenceError};
 pub use crate::registry::RegistryError;
 pub use crate::store::StoreError;
 pub use crate::unpack::UnpackError;
 
 use crate::digest::Digest;
-use crate::manifest::{ImageManifest, MAX_METADATA_BYTES, Manifest, ParsedConfig};
+use crate::manifest::{Descriptor, ImageManifest, MAX_METADATA_BYTES, Manifest, ParsedConfig};
 use crate::registry::{Registries, Repo};
 use crate::store::{KeyedLocks, Store};
 use crate::unpack::{Budget, Exceeded};
@@ -397,12 +402,27 @@ impl Cache {
         policy: PullPolicy,
         creds: &Credentials,
     ) -> Result<Image, Error> {
+        self.get_with_progress(image, policy, creds, Arc::new(NoProgress))
+            .await
+    }
+
+    /// Like [`Cache::get`], reporting the layers of the image to `progress` as they are
+    /// downloaded and unpacked (see [`PullProgress`]). An image found in the local
+    /// reference index (policy `IfNotPresent` or `Never`) reports nothing: nothing is
+    /// pulled.
+    pub async fn get_with_progress(
+        &self,
+        image: &ImageRef,
+        policy: PullPolicy,
+        creds: &Credentials,
+        progress: Arc<dyn PullProgress>,
+    ) -> Result<Image, Error> {
         if let Some((image, _)) = self.get_present(image, policy, false).await? {
             return Ok(image);
         }
         let inner = self.inner.clone();
         let _gc = blocking(move || Ok(inner.store.gc_lock(false)?)).await?;
-        self.get_unlocked(image, policy, creds).await
+        self.get_unlocked(image, policy, creds, &progress).await
     }
 
     /// Like [`Cache::get`], and leases the image (see [`Cache::lease`]) before any
@@ -418,7 +438,8 @@ impl Cache {
         }
         let inner = self.inner.clone();
         let gc = blocking(move || Ok(inner.store.gc_lock(false)?)).await?;
-        let image = self.get_unlocked(image, policy, creds).await?;
+        let progress: Arc<dyn PullProgress> = Arc::new(NoProgress);
+        let image = self.get_unlocked(image, policy, creds, &progress).await?;
         let (inner, i) = (self.inner.clone(), image.clone());
         let lease = blocking(move || Ok(inner.store.lease_image(&i)?)).await?;
         drop(gc);
@@ -465,6 +486,7 @@ impl Cache {
         image: &ImageRef,
         policy: PullPolicy,
         creds: &Credentials,
+        progress: &Arc<dyn PullProgress>,
     ) -> Result<Image, Error> {
         let image = &image.normalized()?;
         match image {
@@ -485,7 +507,8 @@ impl Cache {
                             digest,
                             manifest,
                         };
-                        self.materialize(resolved, Source::Layout(layout)).await
+                        self.materialize(resolved, Source::Layout(layout), progress)
+                            .await
                     }
                     Err(e) => Err(e),
                 };
@@ -518,8 +541,15 @@ impl Cache {
                     repository: repository.clone(),
                     reference: image.to_string(),
                 };
-                self.get_registry(repo, tag.as_deref(), image.pinned_digest(), policy, creds)
-                    .await
+                self.get_registry(
+                    repo,
+                    tag.as_deref(),
+                    image.pinned_digest(),
+                    policy,
+                    creds,
+                    progress,
+                )
+                .await
             }
         }
     }
@@ -545,6 +575,7 @@ impl Cache {
         pinned: Option<Digest>,
         policy: PullPolicy,
         creds: &Credentials,
+        progress: &Arc<dyn PullProgress>,
     ) -> Result<Image, Error> {
         let reference = repo.reference.clone();
         if policy != PullPolicy::Always {
@@ -577,6 +608,7 @@ impl Cache {
                     repo: repo.clone(),
                     creds: creds.clone(),
                 },
+                progress,
             )
             .await?;
         let inner = self.inner.clone();
@@ -602,7 +634,9 @@ impl Cache {
             Ok(None) => return None,
             Err(e) => return Some(Err(e)),
         };
-        match self.materialize(resolved, Source::Local).await {
+        // Nothing is pulled here; an incomplete image is pulled (and reported) afterwards.
+        let quiet: Arc<dyn PullProgress> = Arc::new(NoProgress);
+        match self.materialize(resolved, Source::Local, &quiet).await {
             Err(Error::NotCached { .. }) if policy == PullPolicy::IfNotPresent => {
                 tracing::info!(reference = %reference, "cached image is incomplete; pulling");
                 None
@@ -711,8 +745,13 @@ impl Cache {
     }
 
     /// Makes sure the config and every layer of `resolved` are available, unpacking
-    /// missing layers, and returns the image.
-    async fn materialize(&self, resolved: Resolved, source: Source) -> Result<Image, Error> {
+    /// missing layers, and returns the image. Layers are reported to `progress`.
+    async fn materialize(
+        &self,
+        resolved: Resolved,
+        source: Source,
+        progress: &Arc<dyn PullProgress>,
+    ) -> Result<Image, Error> {
         let Resolved {
             reference,
             digest,
@@ -722,7 +761,7 @@ impl Cache {
 
         // The config, then what of the image is here already.
         let cfg = manifest.config.clone();
-        self.ensure_blob(&cfg.digest, cfg.size, "config", &source, &reference)
+        self.ensure_blob(&cfg, "config", &source, &reference, &|_| {})
             .await?;
         let Inspected {
             parsed,
@@ -751,20 +790,43 @@ impl Cache {
             });
         }
 
+        // Each layer is reported once: a blob listed twice is one download, one bar.
+        let mut reported = HashSet::new();
+        for (i, layer) in manifest.layers.iter().enumerate() {
+            if !missing.contains(&i) && reported.insert(&layer.digest) {
+                progress.layer_cached(&layer.digest.to_string(), layer.size);
+            }
+        }
+        let quiet: Arc<dyn PullProgress> = Arc::new(NoProgress);
+        let layer_progress: Vec<Arc<dyn PullProgress>> = missing
+            .iter()
+            .map(|&i| match reported.insert(&manifest.layers[i].digest) {
+                true => progress.clone(),
+                false => quiet.clone(),
+            })
+            .collect();
+
         // Each missing layer is downloaded, then unpacked as soon as its blob is
         // here, while the others download: a few layers at a time, each once.
         // (Futures are collected into a Vec first: closures inside stream
         // combinators make the future not provably `Send`.)
         let mut layers = Vec::with_capacity(missing.len());
-        for &i in &missing {
+        for (&i, progress) in missing.iter().zip(layer_progress) {
             let layer = &manifest.layers[i];
             let (budget, source, reference) = (budget.clone(), &source, &reference);
             let diff_id = parsed.diff_ids[i].clone();
             layers.push(async move {
-                self.ensure_blob(&layer.digest, layer.size, "layer", source, reference)
+                self.download_layer(layer, source, reference, progress.as_ref())
                     .await?;
-                self.ensure_layer(layer.digest.clone(), diff_id, source, budget, reference)
-                    .await
+                self.ensure_layer(
+                    layer.digest.clone(),
+                    diff_id,
+                    source,
+                    budget,
+                    reference,
+                    progress,
+                )
+                .await
             });
         }
         futures::stream::iter(layers)
@@ -775,16 +837,34 @@ impl Cache {
         Ok(inner.image(reference, &digest, parsed))
     }
 
+    /// [`Cache::ensure_blob`] for a layer, reported to `progress`.
+    async fn download_layer(
+        &self,
+        layer: &Descriptor,
+        source: &Source,
+        reference: &str,
+        progress: &dyn PullProgress,
+    ) -> Result<(), Error> {
+        let name = layer.digest.to_string();
+        progress.layer_started(&name, layer.size);
+        let on_bytes = |n| progress.layer_bytes(&name, n);
+        self.ensure_blob(layer, "layer", source, reference, &on_bytes)
+            .await?;
+        progress.layer_downloaded(&name);
+        Ok(())
+    }
+
     /// Makes a blob available from `source`: present in the store (downloading it if
-    /// allowed) or present in the layout.
+    /// allowed) or present in the layout. A download tells `on_bytes` of each chunk.
     async fn ensure_blob(
         &self,
-        digest: &Digest,
-        size: u64,
+        blob: &Descriptor,
         what: &'static str,
         source: &Source,
         reference: &str,
+        on_bytes: &(dyn Fn(u64) + Sync),
     ) -> Result<(), Error> {
+        let digest = &blob.digest;
         let store = &self.inner.store;
         match source {
             Source::Layout(path) => {
@@ -815,7 +895,7 @@ impl Cache {
                 let tmp = store.tmp_path("blob");
                 self.inner
                     .registries
-                    .blob(repo, creds, what, digest, size, &tmp)
+                    .blob(repo, creds, what, blob, &tmp, on_bytes)
                     .await?;
                 let (inner, d) = (self.inner.clone(), digest.clone());
                 blocking(move || Ok(inner.store.commit_blob(&tmp, &d)?)).await
@@ -823,7 +903,8 @@ impl Cache {
         }
     }
 
-    /// Unpacks one layer unless it already is; charges it to `budget` either way.
+    /// Unpacks one layer unless it already is; charges it to `budget` either way. Reports
+    /// the unpacking (if this call does it) and the end to `progress`.
     async fn ensure_layer(
         &self,
         blob: Digest,
@@ -831,12 +912,15 @@ impl Cache {
         source: &Source,
         budget: Arc<Budget>,
         reference: &str,
+        progress: Arc<dyn PullProgress>,
     ) -> Result<(), Error> {
         let key = format!("layer/{}/{}", self.inner.owner_tag, diff_id.hex());
         let guard = self.inner.locks.lock(key).await;
         let inner = self.inner.clone();
         let source = source.clone();
         let reference = reference.to_owned();
+        let name = blob.to_string();
+        let (unpack_progress, unpack_name) = (progress.clone(), name.clone());
         blocking(move || {
             let _guard = guard;
             let store = &inner.store;
@@ -851,6 +935,7 @@ impl Cache {
             };
             let tmp = store.tmp_path("layer");
             tracing::debug!(layer = %blob, diff_id = %diff_id, "unpacking layer");
+            unpack_progress.layer_unpacking(&unpack_name);
             let stats = unpack::unpack_layer(
                 &blob_path,
                 &blob,
@@ -871,7 +956,9 @@ impl Cache {
             store.commit_layer(&tmp, &diff_id, stats)?;
             Ok(())
         })
-        .await
+        .await?;
+        progress.layer_done(&name);
+        Ok(())
     }
 }
 

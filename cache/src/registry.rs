@@ -26,7 +26,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::Credentials;
 use crate::digest::{Digest, Hasher, truncate};
-use crate::manifest::{ACCEPTED_MANIFESTS, MAX_METADATA_BYTES};
+use crate::manifest::{ACCEPTED_MANIFESTS, Descriptor, MAX_METADATA_BYTES};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
@@ -432,20 +432,23 @@ impl Registries {
         Ok((bytes.to_vec(), actual))
     }
 
-    /// Downloads blob `digest` of `size` bytes into the new file `dest`, verifying size and
-    /// digest while writing, and syncs it. On error `dest` is removed.
+    /// Downloads the blob of descriptor `blob` into the new file `dest`, verifying size
+    /// and digest while writing, and syncs it. On error `dest` is removed. `on_bytes` is
+    /// told the length of each chunk written (progress; the blob is verified at its end).
     pub(crate) async fn blob(
         &self,
         repo: &Repo,
         creds: &Credentials,
         what: &'static str,
-        digest: &Digest,
-        size: u64,
+        blob: &Descriptor,
         dest: &Path,
+        on_bytes: &(dyn Fn(u64) + Sync),
     ) -> Result<(), RegistryError> {
         // Also removed if this future is dropped (a sibling download failed).
         let mut guard = RemoveOnDrop(Some(dest.to_owned()));
-        let result = self.blob_inner(repo, creds, what, digest, size, dest).await;
+        let result = self
+            .blob_inner(repo, creds, what, blob, dest, on_bytes)
+            .await;
         if result.is_ok() {
             guard.0 = None;
         }
@@ -457,10 +460,11 @@ impl Registries {
         repo: &Repo,
         creds: &Credentials,
         what: &'static str,
-        digest: &Digest,
-        size: u64,
+        blob: &Descriptor,
         dest: &Path,
+        on_bytes: &(dyn Fn(u64) + Sync),
     ) -> Result<(), RegistryError> {
+        let (digest, size) = (&blob.digest, blob.size);
         let (client, auth) = self.client(repo, creds).await?;
         let reference = Reference::with_digest(
             repo.registry.clone(),
@@ -529,6 +533,7 @@ impl Registries {
                 return Err(too_large(hasher.len()));
             }
             file.write_all(&chunk).await.map_err(io("write"))?;
+            on_bytes(chunk.len() as u64);
         }
         if hasher.len() != size {
             return Err(too_large(hasher.len()));

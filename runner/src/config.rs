@@ -34,6 +34,9 @@ pub enum Command {
     /// Run one function and print its output FunctionIO.
     Run(RunArgs),
     /// Prefetch images into the cache.
+    ///
+    /// Prints `REFERENCE DIGEST` for each image pulled, and a progress bar per layer on
+    /// stderr when stderr is a terminal.
     Pull(PullArgs),
     /// Manage the image cache: list, prune, verify.
     Cache(crate::cache_cmd::CacheCmdArgs),

@@ -1,20 +1,41 @@
 //! Registry credentials from docker's config file, for `fnrun run` and `fnrun pull`.
 //!
 //! The file is `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`, read the way
-//! docker, podman and skopeo read it: `auths` is keyed by `host[:port]`, with or without
-//! a scheme and path (`https://index.docker.io/v1/` is Docker Hub); an entry has `auth`
-//! (base64 `user:password`), `username`/`password`, `identitytoken` or `registrytoken`.
-//! Credential helpers (`credsStore`, `credHelpers`) are not run.
+//! docker reads it. For a registry, in this order (docker CLI's `GetCredentialsStore`):
+//!
+//! 1. `credHelpers[registry]`: that credential helper. An empty name there means "no
+//!    helper for this registry": step 3, even if `credsStore` is set.
+//! 2. `credsStore`: the default credential helper, for every registry without an entry
+//!    in `credHelpers`.
+//! 3. `auths[registry]`: an entry with `auth` (base64 `user:password`),
+//!    `username`/`password`, `identitytoken` or `registrytoken`.
+//!
+//! When a helper is configured for the registry, `auths` is not used for it (docker
+//! keeps only an entry's `registrytoken` then, and so does fnrun); a helper that has no
+//! credentials for the registry means an anonymous pull. Helpers are run as
+//! `docker-credential-<name> get` (see [`crate::credential_helper`]) with the server
+//! address docker uses: `https://index.docker.io/v1/` for Docker Hub, `host[:port]`
+//! otherwise. Unlike docker, which then goes on without credentials, a helper that is
+//! missing or fails is an error naming it.
+//!
+//! Keys of `auths` and `credHelpers` are `host[:port]`, with or without a scheme and path
+//! (`https://index.docker.io/v1/` and `docker.io` are Docker Hub); an exact key wins.
+//! (docker matches `credHelpers` keys exactly, on `host[:port]` or, for Docker Hub,
+//! `https://index.docker.io/v1/`; fnrun also takes the equivalent keys it takes in
+//! `auths`.)
 //!
 //! Values of the file never appear in errors: the JSON is read as a `Value` and its
 //! fields picked by hand, so no parser error can quote a secret.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use base64::Engine;
 use fnrun_cache::{Cache, Credentials, ImageRef};
-use serde_json::Value;
+use serde_json::{Map, Value};
+
+use crate::credential_helper::{self, HELPER_TIMEOUT};
 
 /// Largest config file read.
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
@@ -38,6 +59,14 @@ fn config_path(docker_config: Option<OsString>, home: Option<OsString>) -> Optio
         .map(|h| PathBuf::from(h).join(".docker/config.json"))
 }
 
+/// How credential helpers are found and bounded.
+struct Helpers {
+    /// The `PATH` they are looked up on.
+    path: Option<OsString>,
+    /// How long one may take to answer.
+    timeout: Duration,
+}
+
 /// Credentials for `image` from the docker config file of this process's environment;
 /// anonymous for `oci:` images, registries without an entry and when there is no file.
 pub fn credentials_for_image(cache: &Cache, image: &str) -> Result<Credentials, String> {
@@ -49,11 +78,20 @@ pub fn credentials_for_image(cache: &Cache, image: &str) -> Result<Credentials, 
     else {
         return Ok(Credentials::Anonymous);
     };
-    credentials_from_file(&path, &registry)
+    let helpers = Helpers {
+        path: std::env::var_os("PATH"),
+        timeout: HELPER_TIMEOUT,
+    };
+    credentials_from_file(&path, &registry, &helpers)
 }
 
-/// Credentials for `registry` (`host[:port]`) from the config file at `path`.
-fn credentials_from_file(path: &Path, registry: &str) -> Result<Credentials, String> {
+/// Credentials for `registry` (`host[:port]`) from the config file at `path`, running
+/// a credential helper if the file says so.
+fn credentials_from_file(
+    path: &Path,
+    registry: &str,
+    helpers: &Helpers,
+) -> Result<Credentials, String> {
     use std::io::Read;
     let mut bytes = Vec::new();
     match std::fs::File::open(path) {
@@ -73,7 +111,15 @@ fn credentials_from_file(path: &Path, registry: &str) -> Result<Credentials, Str
     // serde_json's syntax errors name a line and column, never the text.
     let json: Value = serde_json::from_slice(&bytes)
         .map_err(|e| format!("cannot parse {}: {e}", path.display()))?;
-    lookup(&json, registry).map_err(|e| format!("{}: {e}", path.display()))
+    match lookup(&json, registry).map_err(|e| format!("{}: {e}", path.display()))? {
+        Lookup::Found(creds) => Ok(creds),
+        Lookup::Helper {
+            helper,
+            server,
+            origin,
+        } => credential_helper::get(&helper, &server, helpers.path.as_deref(), helpers.timeout)
+            .map_err(|e| format!("{}: {origin}: {e}", path.display())),
+    }
 }
 
 /// The host[:port] of an `auths` key: no scheme, no path, lower case.
@@ -89,38 +135,99 @@ fn is_docker_hub(host: &str) -> bool {
     DOCKER_HUB_ALIASES.contains(&host)
 }
 
-/// Credentials for `registry` in a parsed config file.
-fn lookup(json: &Value, registry: &str) -> Result<Credentials, String> {
-    let Some(auths) = json.get("auths") else {
-        return Ok(Credentials::Anonymous);
-    };
-    let Some(auths) = auths.as_object() else {
-        return Err("\"auths\" is not an object".into());
-    };
+/// What the config file says about a registry's credentials.
+#[derive(Debug, PartialEq, Eq)]
+enum Lookup {
+    /// These (anonymous if nothing is configured).
+    Found(Credentials),
+    /// Ask credential helper `helper` for `server`; `origin` is the setting that named it.
+    Helper {
+        helper: String,
+        server: String,
+        origin: String,
+    },
+}
+
+/// The entry of `map` (`auths` or `credHelpers`) for `registry`: an exact key first, then
+/// docker login's Docker Hub key, then any equivalent key.
+fn find_entry<'a>(map: &'a Map<String, Value>, registry: &str) -> Option<(&'a str, &'a Value)> {
     let wanted = registry.to_ascii_lowercase();
     let hub = is_docker_hub(&wanted);
     let matches = |key: &str| {
         let host = normalize_key(key);
         host == wanted || (hub && is_docker_hub(&host))
     };
-    // An exact key first, then docker login's Docker Hub key, then any equivalent key.
-    let entry = auths
-        .get(registry)
-        .map(|e| (registry, e))
-        .or_else(|| {
-            hub.then(|| auths.get(DOCKER_HUB_KEY).map(|e| (DOCKER_HUB_KEY, e)))
-                .flatten()
-        })
-        .or_else(|| {
-            auths
-                .iter()
-                .find(|(k, _)| matches(k))
-                .map(|(k, e)| (k.as_str(), e))
-        });
-    match entry {
-        Some((key, entry)) => entry_credentials(entry).map_err(|e| format!("auths[{key:?}]: {e}")),
-        None => Ok(Credentials::Anonymous),
+    map.get_key_value(registry)
+        .or_else(|| hub.then(|| map.get_key_value(DOCKER_HUB_KEY)).flatten())
+        .or_else(|| map.iter().find(|(k, _)| matches(k)))
+        .map(|(k, e)| (k.as_str(), e))
+}
+
+/// The object `name` of the file, if it is there.
+fn object<'a>(json: &'a Value, name: &str) -> Result<Option<&'a Map<String, Value>>, String> {
+    match json.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => Ok(Some(map)),
+        Some(_) => Err(format!("{name:?} is not an object")),
     }
+}
+
+/// Where the credentials for `registry` come from, in docker's order (module doc).
+fn lookup(json: &Value, registry: &str) -> Result<Lookup, String> {
+    let entry = object(json, "auths")?.and_then(|auths| find_entry(auths, registry));
+    let from_auths = || match entry {
+        Some((key, entry)) => entry_credentials(entry)
+            .map(Lookup::Found)
+            .map_err(|e| format!("auths[{key:?}]: {e}")),
+        None => Ok(Lookup::Found(Credentials::Anonymous)),
+    };
+    let from_helper = |name: &str, origin: String| {
+        // docker keeps an entry's registry token when a helper answers for the registry.
+        if let Some((key, entry)) = entry {
+            match entry.get("registrytoken") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(token)) if token.is_empty() => {}
+                Some(Value::String(token)) => {
+                    return Ok(Lookup::Found(Credentials::Bearer {
+                        token: token.clone(),
+                    }));
+                }
+                Some(_) => {
+                    return Err(format!("auths[{key:?}]: \"registrytoken\" is not a string"));
+                }
+            }
+        }
+        let server = match is_docker_hub(&registry.to_ascii_lowercase()) {
+            true => DOCKER_HUB_KEY.to_owned(),
+            false => registry.to_owned(),
+        };
+        Ok(Lookup::Helper {
+            helper: name.to_owned(),
+            server,
+            origin,
+        })
+    };
+
+    // 1. credHelpers: this registry's helper, or "" for none (then auths, not credsStore).
+    if let Some(helpers) = object(json, "credHelpers")?
+        && let Some((key, name)) = find_entry(helpers, registry)
+    {
+        let origin = format!("credHelpers[{key:?}]");
+        return match name.as_str() {
+            Some("") => from_auths(),
+            Some(name) => from_helper(name, origin),
+            None => Err(format!("{origin} is not a string")),
+        };
+    }
+    // 2. credsStore: the default helper.
+    match json.get("credsStore") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(name)) if name.is_empty() => {}
+        Some(Value::String(name)) => return from_helper(name, "credsStore".to_owned()),
+        Some(_) => return Err("\"credsStore\" is not a string".into()),
+    }
+    // 3. auths.
+    from_auths()
 }
 
 /// Credentials of one `auths` entry, in the order docker uses them.
@@ -188,6 +295,21 @@ mod tests {
         base64::engine::general_purpose::STANDARD.encode(s)
     }
 
+    fn no_helpers() -> Helpers {
+        Helpers {
+            path: None,
+            timeout: HELPER_TIMEOUT,
+        }
+    }
+
+    /// The credentials [`lookup`] finds in the file itself (no helper).
+    fn creds(json: &Value, registry: &str) -> Result<Credentials, String> {
+        match lookup(json, registry)? {
+            Lookup::Found(c) => Ok(c),
+            helper => panic!("{registry}: unexpected {helper:?}"),
+        }
+    }
+
     #[test]
     fn config_path_honours_docker_config() {
         assert_eq!(
@@ -210,42 +332,39 @@ mod tests {
             "Quay.IO": {"auth": b64("d:pd")},
         }});
         assert_eq!(
-            lookup(&config, "127.0.0.1:5000"),
+            creds(&config, "127.0.0.1:5000"),
             Ok(basic("a", "pw:with:colons"))
         );
-        assert_eq!(lookup(&config, "ghcr.io"), Ok(basic("b", "pb")));
+        assert_eq!(creds(&config, "ghcr.io"), Ok(basic("b", "pb")));
         assert_eq!(
-            lookup(&config, "registry.example:8443"),
+            creds(&config, "registry.example:8443"),
             Ok(basic("c", "pc"))
         );
-        assert_eq!(lookup(&config, "quay.io"), Ok(basic("d", "pd")));
+        assert_eq!(creds(&config, "quay.io"), Ok(basic("d", "pd")));
         // Another port is another registry.
+        assert_eq!(creds(&config, "127.0.0.1:5001"), Ok(Credentials::Anonymous));
         assert_eq!(
-            lookup(&config, "127.0.0.1:5001"),
+            creds(&config, "registry.example"),
             Ok(Credentials::Anonymous)
         );
-        assert_eq!(
-            lookup(&config, "registry.example"),
-            Ok(Credentials::Anonymous)
-        );
-        assert_eq!(lookup(&json!({}), "ghcr.io"), Ok(Credentials::Anonymous));
+        assert_eq!(creds(&json!({}), "ghcr.io"), Ok(Credentials::Anonymous));
     }
 
     #[test]
     fn docker_hub_aliases() {
         let login = json!({"auths": {DOCKER_HUB_KEY: {"auth": b64("hub:pw")}}});
         for r in ["index.docker.io", "docker.io", "registry-1.docker.io"] {
-            assert_eq!(lookup(&login, r), Ok(basic("hub", "pw")), "{r}");
+            assert_eq!(creds(&login, r), Ok(basic("hub", "pw")), "{r}");
         }
-        assert_eq!(lookup(&login, "ghcr.io"), Ok(Credentials::Anonymous));
+        assert_eq!(creds(&login, "ghcr.io"), Ok(Credentials::Anonymous));
         let plain = json!({"auths": {"docker.io": {"auth": b64("hub2:pw")}}});
-        assert_eq!(lookup(&plain, "index.docker.io"), Ok(basic("hub2", "pw")));
+        assert_eq!(creds(&plain, "index.docker.io"), Ok(basic("hub2", "pw")));
         // An exact key wins over the alias.
         let both = json!({"auths": {
             "docker.io": {"auth": b64("x:1")},
             "index.docker.io": {"auth": b64("y:2")},
         }});
-        assert_eq!(lookup(&both, "index.docker.io"), Ok(basic("y", "2")));
+        assert_eq!(creds(&both, "index.docker.io"), Ok(basic("y", "2")));
     }
 
     #[test]
@@ -254,20 +373,20 @@ mod tests {
             "id.example": {"username": "00000000-0000-0000-0000-000000000000", "identitytoken": "refresh"},
             "rt.example": {"registrytoken": "bearer", "auth": b64("u:p")},
             "store.example": {},
-        }, "credsStore": "desktop"});
+        }});
         assert_eq!(
-            lookup(&config, "id.example"),
+            creds(&config, "id.example"),
             Ok(Credentials::IdentityToken {
                 token: "refresh".into()
             })
         );
         assert_eq!(
-            lookup(&config, "rt.example"),
+            creds(&config, "rt.example"),
             Ok(Credentials::Bearer {
                 token: "bearer".into()
             })
         );
-        assert_eq!(lookup(&config, "store.example"), Ok(Credentials::Anonymous));
+        assert_eq!(creds(&config, "store.example"), Ok(Credentials::Anonymous));
     }
 
     #[test]
@@ -279,7 +398,7 @@ mod tests {
             json!("s3cret"),
         ] {
             let config = json!({"auths": {"r.example": entry}});
-            let err = lookup(&config, "r.example").unwrap_err();
+            let err = creds(&config, "r.example").unwrap_err();
             assert!(
                 err.contains("r.example") && !err.contains("s3cret"),
                 "{err}"
@@ -288,19 +407,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.json");
         std::fs::write(&path, r#"{"auths": {"r.example": {"auth": "s3cret"#).unwrap();
-        let err = credentials_from_file(&path, "r.example").unwrap_err();
+        let err = credentials_from_file(&path, "r.example", &no_helpers()).unwrap_err();
         assert!(!err.contains("s3cret"), "{err}");
         std::fs::write(&path, r#"{"auths": {"r.example": {"auth": s3cret}}}"#).unwrap();
-        let err = credentials_from_file(&path, "r.example").unwrap_err();
+        let err = credentials_from_file(&path, "r.example", &no_helpers()).unwrap_err();
         assert!(!err.contains("s3cret"), "{err}");
         // A missing or empty file is no credentials.
         std::fs::write(&path, "\n").unwrap();
         assert_eq!(
-            credentials_from_file(&path, "r.example"),
+            credentials_from_file(&path, "r.example", &no_helpers()),
             Ok(Credentials::Anonymous)
         );
         assert_eq!(
-            credentials_from_file(&dir.path().join("none.json"), "r.example"),
+            credentials_from_file(&dir.path().join("none.json"), "r.example", &no_helpers()),
             Ok(Credentials::Anonymous)
         );
         std::fs::write(
@@ -309,8 +428,137 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            credentials_from_file(&path, "r.example"),
+            credentials_from_file(&path, "r.example", &no_helpers()),
             Ok(basic("u", "p"))
+        );
+    }
+
+    fn helper(name: &str, server: &str, origin: &str) -> Result<Lookup, String> {
+        Ok(Lookup::Helper {
+            helper: name.into(),
+            server: server.into(),
+            origin: origin.into(),
+        })
+    }
+
+    #[test]
+    fn helpers_come_first_in_dockers_order() {
+        let config = json!({
+            "auths": {
+                "127.0.0.1:5000": {"auth": b64("a:pa")},
+                "plain.example": {"auth": b64("p:pp")},
+                "opt-out.example": {"auth": b64("o:po")},
+                "tok.example": {"registrytoken": "rt", "auth": b64("t:pt")},
+                DOCKER_HUB_KEY: {"auth": b64("hub:pw")},
+            },
+            "credsStore": "desktop",
+            "credHelpers": {
+                "127.0.0.1:5000": "local",
+                "https://gcr.io": "gcloud",
+                "opt-out.example": "",
+            },
+        });
+        // credHelpers over credsStore over auths.
+        assert_eq!(
+            lookup(&config, "127.0.0.1:5000"),
+            helper(
+                "local",
+                "127.0.0.1:5000",
+                r#"credHelpers["127.0.0.1:5000"]"#
+            )
+        );
+        assert_eq!(
+            lookup(&config, "gcr.io"),
+            helper("gcloud", "gcr.io", r#"credHelpers["https://gcr.io"]"#)
+        );
+        assert_eq!(
+            lookup(&config, "plain.example"),
+            helper("desktop", "plain.example", "credsStore")
+        );
+        assert_eq!(
+            lookup(&config, "other.example:8443"),
+            helper("desktop", "other.example:8443", "credsStore")
+        );
+        // Docker Hub's helper key is the index URL, whatever the reference said.
+        for hub in ["index.docker.io", "docker.io"] {
+            assert_eq!(
+                lookup(&config, hub),
+                helper("desktop", DOCKER_HUB_KEY, "credsStore"),
+                "{hub}"
+            );
+        }
+        // An empty helper name: auths, not the store.
+        assert_eq!(creds(&config, "opt-out.example"), Ok(basic("o", "po")));
+        // docker keeps a registry token next to a helper.
+        assert_eq!(
+            creds(&config, "tok.example"),
+            Ok(Credentials::Bearer { token: "rt".into() })
+        );
+        // Docker Hub in credHelpers under any of its names.
+        let hub = json!({"credHelpers": {"docker.io": "hub"}});
+        assert_eq!(
+            lookup(&hub, "index.docker.io"),
+            helper("hub", DOCKER_HUB_KEY, r#"credHelpers["docker.io"]"#)
+        );
+        // Without a store, auths as before; an empty store is no store.
+        let no_store = json!({"credsStore": "", "auths": {"plain.example": {"auth": b64("p:pp")}}});
+        assert_eq!(creds(&no_store, "plain.example"), Ok(basic("p", "pp")));
+        for bad in [
+            json!({"credsStore": 5}),
+            json!({"credHelpers": ["x"]}),
+            json!({"credHelpers": {"r.example": true}}),
+            json!({"credsStore": "s", "auths": {"r.example": {"registrytoken": 1}}}),
+        ] {
+            assert!(lookup(&bad, "r.example").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn helpers_are_run_for_the_registry() {
+        use crate::credential_helper::tests::install;
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        install(
+            &bin,
+            "test",
+            r#"[ "$(cat)" = "r.example:5000" ] || exit 1
+echo '{"ServerURL":"r.example:5000","Username":"helper-user","Secret":"helper-s3cret"}'"#,
+        );
+        install(
+            &bin,
+            "empty",
+            "echo 'credentials not found in native keychain'; exit 1",
+        );
+        let helpers = Helpers {
+            path: Some(bin.clone().into_os_string()),
+            timeout: Duration::from_secs(10),
+        };
+        let path = dir.path().join("config.json");
+        let write = |config: Value| std::fs::write(&path, config.to_string()).unwrap();
+        let auths = json!({"r.example:5000": {"auth": b64("file-user:file-s3cret")}});
+
+        write(json!({"auths": auths, "credHelpers": {"r.example:5000": "test"}}));
+        assert_eq!(
+            credentials_from_file(&path, "r.example:5000", &helpers),
+            Ok(basic("helper-user", "helper-s3cret"))
+        );
+        // A store without credentials for the registry: anonymous, as docker does, even
+        // with credentials in auths.
+        write(json!({"auths": auths, "credsStore": "empty"}));
+        assert_eq!(
+            credentials_from_file(&path, "r.example:5000", &helpers),
+            Ok(Credentials::Anonymous)
+        );
+        // A missing helper is an error naming it and the setting.
+        write(json!({"auths": auths, "credsStore": "gone"}));
+        let err = credentials_from_file(&path, "r.example:5000", &helpers).unwrap_err();
+        assert!(
+            err.contains("docker-credential-gone")
+                && err.contains("credsStore")
+                && err.contains(&path.display().to_string())
+                && !err.contains("s3cret"),
+            "{err}"
         );
     }
 }

@@ -3,20 +3,23 @@
 
 mod cache_cmd;
 mod config;
+mod credential_helper;
 mod docker_config;
 mod error;
 mod listen;
 mod metrics;
+mod progress;
 mod runner;
 mod serve;
 mod service;
 mod user;
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Parser;
-use fnrun_cache::PullPolicy;
+use fnrun_cache::{NoProgress, PullPolicy, PullProgress};
 use fnrun_sandbox::Network;
 
 use crate::config::{Cli, Command, LogFormat, NetworkPolicyArg, PullPolicyArg, RunArgs};
@@ -173,8 +176,15 @@ fn pull(args: config::PullArgs) -> ExitCode {
         }
     };
     let rt = current_thread_runtime();
+    // Bars on a terminal only: piped or logged output stays one line per image.
+    let terminal = std::io::stderr().is_terminal();
     let mut code = ExitCode::SUCCESS;
     for image in &args.images {
+        let bars = terminal.then(|| Arc::new(progress::LayerBars::stderr()));
+        let observer: Arc<dyn PullProgress> = match &bars {
+            Some(bars) => bars.clone(),
+            None => Arc::new(NoProgress),
+        };
         let result = rt.block_on(async {
             let creds = docker_config::credentials_for_image(runner.cache(), image)
                 .map_err(PullError::Config)?;
@@ -182,10 +192,14 @@ fn pull(args: config::PullArgs) -> ExitCode {
             Ok::<_, PullError>(
                 runner
                     .cache()
-                    .get(&reference, PullPolicy::Always, &creds)
+                    .get_with_progress(&reference, PullPolicy::Always, &creds, observer)
                     .await?,
             )
         });
+        // Every bar is finished or stopped before anything else is printed.
+        if let Some(bars) = &bars {
+            bars.close();
+        }
         match result {
             Ok(img) => println!("{} {}", img.reference, img.digest),
             Err(e) => {

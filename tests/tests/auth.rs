@@ -1,5 +1,9 @@
-//! Registry credentials: ImagePullAuth over gRPC, `~/.docker/config.json` for
-//! the CLI, and refused credentials.
+//! Registry credentials: ImagePullAuth over gRPC, `~/.docker/config.json` and
+//! docker credential helpers for the CLI, and refused credentials.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -89,4 +93,92 @@ fn cli_uses_docker_config_credentials() {
     let out = cli.run(&["run", &image, "-"], Some(SAMPLE.as_bytes()));
     assert_eq!(out.code, Some(0), "{}", out.describe());
     assert_same_yaml(&out.stdout, SAMPLE);
+}
+
+/// Writes the credential helper `docker-credential-<name>` into `dir`: `body` runs for
+/// `get`, any other action exits 0.
+fn install_helper(dir: &Path, name: &str, body: &str) {
+    let path = dir.join(format!("docker-credential-{name}"));
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\n[ \"$1\" = get ] || exit 0\n{body}\n"),
+    )
+    .expect("write helper");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // A child another test forked while the file was open for writing keeps it busy
+    // until that child execs: wait until it runs.
+    for _ in 0..200 {
+        match std::process::Command::new(&path).arg("probe").status() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => return,
+        }
+    }
+}
+
+#[test]
+fn cli_runs_docker_credential_helpers() {
+    let (registry, image) = private_registry();
+    let mut cli = Cli::new().expect("cli");
+    let home = cli.scratch().join("home");
+    let bin = cli.scratch().join("bin");
+    std::fs::create_dir_all(home.join(".docker")).expect("mkdir");
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    // The credentials exist only in the helper, which checks the server it is asked for.
+    install_helper(
+        &bin,
+        "fnrun-test",
+        &format!(
+            r#"[ "$(cat)" = "{addr}" ] || {{ echo "unexpected server"; exit 1; }}
+echo '{{"ServerURL":"{addr}","Username":"{USER}","Secret":"{PASSWORD}"}}'"#,
+            addr = registry.addr()
+        ),
+    );
+    install_helper(
+        &bin,
+        "empty",
+        "cat >/dev/null; echo 'credentials not found in native keychain'; exit 1",
+    );
+    let path = std::env::var("PATH").unwrap_or_default();
+    cli.env("HOME", &home.display().to_string())
+        .env("PATH", &format!("{}:{path}", bin.display()));
+    let config = |config: serde_json::Value| {
+        std::fs::write(home.join(".docker/config.json"), config.to_string()).expect("write");
+    };
+    let wrong = STANDARD.encode(format!("{USER}:wrong"));
+    let right = STANDARD.encode(format!("{USER}:{PASSWORD}"));
+
+    // credHelpers for the registry wins over auths (wrong there).
+    config(serde_json::json!({
+        "auths": { registry.addr(): { "auth": wrong } },
+        "credHelpers": { registry.addr(): "fnrun-test" },
+    }));
+    let out = cli.run(&["pull", &image], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.starts_with(&image), "{}", out.describe());
+
+    // A store that has nothing for the registry: anonymous, as docker does, even with
+    // the right credentials in auths; refused by the registry.
+    config(serde_json::json!({
+        "auths": { registry.addr(): { "auth": right } },
+        "credsStore": "empty",
+    }));
+    let out = cli.run(&["pull", &image], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains("refused") && !out.stderr.contains(PASSWORD),
+        "{}",
+        out.describe()
+    );
+
+    // A helper that is not installed: a clear error naming it.
+    config(serde_json::json!({ "credsStore": "not-installed" }));
+    let out = cli.run(&["pull", &image], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains("docker-credential-not-installed"),
+        "{}",
+        out.describe()
+    );
 }

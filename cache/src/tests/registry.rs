@@ -212,7 +212,8 @@ enum Lie {
     LayerMediaType,
 }
 
-/// A registry at 127.0.0.1 serving `repo:v1` from `blobs` and `manifest`, lying as `mode` says.
+/// A registry at 127.0.0.1 serving `lie/fn:v1` (and the same image as `lie/fn:v2`) from
+/// `blobs` and `manifest`, lying as `mode` says.
 async fn lying_registry(
     manifest: Vec<u8>,
     blobs: HashMap<String, Vec<u8>>,
@@ -247,7 +248,7 @@ async fn lying_registry(
                 let mut content_type = "application/octet-stream".to_owned();
                 let (status, mut body) = if path == "/v2/" {
                     ("200 OK", b"{}".to_vec())
-                } else if path == "/v2/lie/fn/manifests/v1" {
+                } else if path == "/v2/lie/fn/manifests/v1" || path == "/v2/lie/fn/manifests/v2" {
                     content_type = OCI_MANIFEST.to_owned();
                     let text = String::from_utf8(manifest.to_vec()).unwrap();
                     let body = match lie {
@@ -305,11 +306,8 @@ async fn lying_registry(
     addr
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lying_registry_is_refused_and_nothing_is_stored() {
-    let tmp = tempfile::tempdir().unwrap();
-    let layout = tmp.path().join("layout");
-    let t = write_layout(&layout, &[base_layer(), top_layer()], "v1", false);
+/// The blobs of an OCI layout by digest (`sha256:...`).
+fn layout_blobs(layout: &Path) -> HashMap<String, Vec<u8>> {
     let blob_dir = layout.join("blobs/sha256");
     let mut blobs = HashMap::new();
     for name in entries(&blob_dir) {
@@ -318,6 +316,15 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
             std::fs::read(blob_dir.join(&name)).unwrap(),
         );
     }
+    blobs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lying_registry_is_refused_and_nothing_is_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let t = write_layout(&layout, &[base_layer(), top_layer()], "v1", false);
+    let blobs = layout_blobs(&layout);
     let manifest = blobs[&t.manifest.to_string()].clone();
     let config_digest =
         serde_json::from_slice::<serde_json::Value>(&manifest).unwrap()["config"]["digest"]
@@ -493,5 +500,199 @@ async fn credentials_never_appear_in_logs_or_errors() {
         for e in &errors {
             assert!(!e.contains(secret), "{secret} in error: {e}");
         }
+    }
+}
+
+/// A [`PullProgress`] that records every call as (method, digest, number).
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(&'static str, String, u64)>>);
+
+impl Recorder {
+    fn push(&self, method: &'static str, digest: &str, n: u64) {
+        self.0.lock().unwrap().push((method, digest.to_owned(), n));
+    }
+
+    /// The calls for `digest` in order, consecutive `bytes` calls summed into one.
+    fn calls(&self, digest: &str) -> Vec<(&'static str, u64)> {
+        let mut out: Vec<(&'static str, u64)> = Vec::new();
+        for (method, d, n) in self.0.lock().unwrap().iter() {
+            if d != digest {
+                continue;
+            }
+            match out.last_mut() {
+                Some(("bytes", sum)) if *method == "bytes" => *sum += n,
+                _ => out.push((method, *n)),
+            }
+        }
+        out
+    }
+
+    /// Every digest reported, sorted.
+    fn digests(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.0.lock().unwrap().iter().map(|c| c.1.clone()).collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+impl PullProgress for Recorder {
+    fn layer_started(&self, digest: &str, total_bytes: u64) {
+        self.push("started", digest, total_bytes);
+    }
+    fn layer_bytes(&self, digest: &str, n: u64) {
+        self.push("bytes", digest, n);
+    }
+    fn layer_downloaded(&self, digest: &str) {
+        self.push("downloaded", digest, 0);
+    }
+    fn layer_unpacking(&self, digest: &str) {
+        self.push("unpacking", digest, 0);
+    }
+    fn layer_done(&self, digest: &str) {
+        self.push("done", digest, 0);
+    }
+    fn layer_cached(&self, digest: &str, total_bytes: u64) {
+        self.push("cached", digest, total_bytes);
+    }
+}
+
+/// `len` bytes that do not compress.
+fn noise(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_progress_reports_every_layer_to_its_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    // A layer of 2 MiB that does not compress arrives in many chunks.
+    let noise = noise(2 << 20);
+    let big = TarBuilder::new()
+        .add(Member::File(b"noise", &noise, 0o644))
+        .tar();
+    let t = write_layout(&layout, &[base_layer(), big], "v1", false);
+    let blobs = layout_blobs(&layout);
+    let manifest = blobs[&t.manifest.to_string()].clone();
+    let layers: Vec<(String, u64)> = t
+        .layer_blobs
+        .iter()
+        .map(|d| (d.to_string(), blobs[&d.to_string()].len() as u64))
+        .collect();
+    let mut layer_digests: Vec<String> = layers.iter().map(|l| l.0.clone()).collect();
+    layer_digests.sort();
+    let honest = Arc::new(AtomicU8::new(Lie::Honest as u8));
+    let addr = lying_registry(manifest, blobs, String::new(), honest).await;
+    let anon = Credentials::Anonymous;
+
+    // A first pull downloads and unpacks every layer, byte by byte; the config and the
+    // manifest are not reported.
+    let cache = cache_at(&tmp.path().join("cache"));
+    let v1 = cache.parse_reference(&format!("{addr}/lie/fn:v1")).unwrap();
+    let rec = Arc::new(Recorder::default());
+    let image = cache
+        .get_with_progress(&v1, PullPolicy::IfNotPresent, &anon, rec.clone())
+        .await
+        .unwrap();
+    assert!(image.pulled);
+    assert_eq!(rec.digests(), layer_digests);
+    for (digest, size) in &layers {
+        assert_eq!(
+            rec.calls(digest),
+            vec![
+                ("started", *size),
+                ("bytes", *size),
+                ("downloaded", 0),
+                ("unpacking", 0),
+                ("done", 0)
+            ],
+            "{digest}"
+        );
+    }
+    let chunks = rec
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.0 == "bytes")
+        .count();
+    assert!(chunks > layers.len(), "the big layer came in one chunk");
+
+    // Pulled again: every layer is there already.
+    let rec = Arc::new(Recorder::default());
+    cache
+        .get_with_progress(&v1, PullPolicy::Always, &anon, rec.clone())
+        .await
+        .unwrap();
+    for (digest, size) in &layers {
+        assert_eq!(rec.calls(digest), vec![("cached", *size)], "{digest}");
+    }
+    // From the local index: nothing is pulled, nothing reported.
+    let rec = Arc::new(Recorder::default());
+    cache
+        .get_with_progress(&v1, PullPolicy::IfNotPresent, &anon, rec.clone())
+        .await
+        .unwrap();
+    assert!(rec.digests().is_empty());
+
+    // Two pulls at once (two tags of one image) into a fresh cache: each blob is
+    // downloaded and unpacked once, by one of them, and every layer each pull started
+    // ends, whoever did the work.
+    let fresh = Arc::new(cache_at(&tmp.path().join("fresh")));
+    let mut tasks = Vec::new();
+    for tag in ["v1", "v2"] {
+        let r = fresh
+            .parse_reference(&format!("{addr}/lie/fn:{tag}"))
+            .unwrap();
+        let (fresh, rec) = (fresh.clone(), Arc::new(Recorder::default()));
+        let progress = rec.clone();
+        tasks.push(tokio::spawn(async move {
+            fresh
+                .get_with_progress(
+                    &r,
+                    PullPolicy::IfNotPresent,
+                    &Credentials::Anonymous,
+                    progress,
+                )
+                .await
+                .map(|_| rec)
+        }));
+    }
+    let mut recs = Vec::new();
+    for task in tasks {
+        recs.push(task.await.unwrap().unwrap());
+    }
+    for (digest, size) in &layers {
+        let (mut bytes, mut unpacks) = (0, 0);
+        for rec in &recs {
+            let calls = rec.calls(digest);
+            bytes += calls
+                .iter()
+                .filter(|c| c.0 == "bytes")
+                .map(|c| c.1)
+                .sum::<u64>();
+            unpacks += calls.iter().filter(|c| c.0 == "unpacking").count();
+            if calls == [("cached", *size)] {
+                continue;
+            }
+            assert_eq!(
+                calls.first(),
+                Some(&("started", *size)),
+                "{digest}: {calls:?}"
+            );
+            assert!(calls.contains(&("downloaded", 0)), "{digest}: {calls:?}");
+            assert_eq!(calls.last(), Some(&("done", 0)), "{digest}: {calls:?}");
+        }
+        assert_eq!(bytes, *size, "{digest}: downloaded once");
+        assert_eq!(unpacks, 1, "{digest}: unpacked once");
     }
 }
