@@ -10,8 +10,8 @@
 //!
 //! This compiler splits the number space into intervals of equal outcome
 //! (allowed, the default action, another action, or argument checks for one
-//! call), then emits a binary search over the interval starts: about 300
-//! instructions, a dozen executed per call. seccompiler stays the reference:
+//! call), then emits a binary search over the interval starts: 169
+//! instructions for the default profile on x86_64, a dozen executed per call. seccompiler stays the reference:
 //! a test runs both programs on every number and on argument values around
 //! every condition, and requires the same answer.
 //!

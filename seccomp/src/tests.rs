@@ -362,6 +362,11 @@ fn the_default_program_is_short() {
         .unwrap()
         .compile_reference_for(std::env::consts::ARCH)
         .unwrap();
+    eprintln!(
+        "default program: {} instructions (seccompiler: {})",
+        program.len(),
+        reference.len()
+    );
     assert!(
         program.len() * 3 < reference.len(),
         "{} instructions (seccompiler: {})",
