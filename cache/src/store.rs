@@ -137,6 +137,19 @@ pub(crate) fn lock(
     }
 }
 
+/// Opens (creating if needed) the lock file `path` and takes a blocking lock on it.
+fn lock_file(path: &Path, arg: FlockArg) -> Result<Flock<File>, StoreError> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err("open", path))?;
+    lock(file, arg, path)?
+        .ok_or_else(|| io_err("lock", path)(io::Error::from(io::ErrorKind::WouldBlock)))
+}
+
 impl Store {
     /// Opens (creating if needed) the store at `root` for layers unpacked as `owner_tag`,
     /// and removes the tmp/ leftovers of processes that are gone.
@@ -171,17 +184,9 @@ impl Store {
         }
 
         let tmp = root.join("tmp");
-        let sweep_path = tmp.join(".sweep.lock");
-        let sweep_file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&sweep_path)
-            .map_err(io_err("open", &sweep_path))?;
         // Creating our session and sweeping dead ones happen under one exclusive lock, so a
         // sweeper never sees a session directory before its owner has locked it.
-        let sweep_lock = lock(sweep_file, FlockArg::LockExclusive, &sweep_path)?;
+        let sweep_lock = lock_file(&tmp.join(".sweep.lock"), FlockArg::LockExclusive)?;
         static OPENED: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -223,35 +228,18 @@ impl Store {
     /// Removes dead sessions and stray files from tmp/; returns how many.
     pub(crate) fn sweep_tmp(&self) -> Result<usize, StoreError> {
         let tmp = self.root.join("tmp");
-        let sweep_path = tmp.join(".sweep.lock");
-        let sweep_file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&sweep_path)
-            .map_err(io_err("open", &sweep_path))?;
-        let _lock = lock(sweep_file, FlockArg::LockExclusive, &sweep_path)?;
+        let _lock = lock_file(&tmp.join(".sweep.lock"), FlockArg::LockExclusive)?;
         sweep(&tmp, &self.session)
     }
 
     /// The cache-wide GC lock: shared while an image is being materialized (until it
     /// is leased), exclusive while pruning or verifying, across processes.
     pub(crate) fn gc_lock(&self, exclusive: bool) -> Result<Flock<File>, StoreError> {
-        let path = self.root.join("tmp/.gc.lock");
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
         let arg = match exclusive {
             true => FlockArg::LockExclusive,
             false => FlockArg::LockShared,
         };
-        lock(file, arg, &path)?
-            .ok_or_else(|| io_err("lock", &path)(io::Error::from(io::ErrorKind::WouldBlock)))
+        lock_file(&self.root.join("tmp/.gc.lock"), arg)
     }
 
     /// A fresh path in this process's tmp directory.
