@@ -147,15 +147,21 @@ for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 sleep 1
 snapshot() { # label -> one JSON object about the daemon
   local pid=$DAEMON_PID
-  local rss hwm thr fds cg runs
+  local rss hwm thr fds cg busy runs d
   rss=$(awk '/^VmRSS/{print $2}' /proc/$pid/status)
   hwm=$(awk '/^VmHWM/{print $2}' /proc/$pid/status)
   thr=$(awk '/^Threads/{print $2}' /proc/$pid/status)
   fds=$(ls /proc/$pid/fd | wc -l)
-  cg=$(find /sys/fs/cgroup -mindepth 2 -path '*/fnrun/*' -type d 2>/dev/null | wc -l)
+  # Run cgroups: all of them (on v1 the daemon keeps idle ones for reuse),
+  # and those that hold a process (none once the runs are over).
+  cg=0; busy=0
+  while read -r d; do
+    cg=$((cg + 1))
+    [ -n "$(head -c1 "$d/cgroup.procs" 2>/dev/null)" ] && busy=$((busy + 1))
+  done < <(find /sys/fs/cgroup -mindepth 2 -path '*/fnrun/*' -type d 2>/dev/null)
   runs=$(find "$CACHE" -mindepth 2 -maxdepth 2 -path '*/runs/*' 2>/dev/null | wc -l)
-  printf '{"at":"%s","vmrss_kib":%s,"vmhwm_kib":%s,"threads":%s,"fds":%s,"run_cgroups":%s,"run_scratch_dirs":%s}\n' \
-    "$1" "$rss" "$hwm" "$thr" "$fds" "$cg" "$runs"
+  printf '{"at":"%s","vmrss_kib":%s,"vmhwm_kib":%s,"threads":%s,"fds":%s,"run_cgroups":%s,"busy_cgroups":%s,"run_scratch_dirs":%s}\n' \
+    "$1" "$rss" "$hwm" "$thr" "$fds" "$cg" "$busy" "$runs"
 }
 snapshot idle-start > "$OUT/daemon-snapshots.jsonl"
 # First call: pulls (copies) and unpacks the image into the cache.

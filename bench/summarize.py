@@ -117,8 +117,15 @@ def main():
             ref = next((x for x in snaps if x["at"] == "after-throughput"), idle)
             t.append(("RSS growth after-throughput->after-soak (MiB)",
                       (last["vmrss_kib"] - ref["vmrss_kib"]) / 1024.0, 2.0, "<="))
-            for k in ("fds", "threads", "run_cgroups", "run_scratch_dirs"):
-                t.append((f"{k} growth idle->after-soak", last[k] - idle[k], 0, "<="))
+            for k in ("fds", "threads", "busy_cgroups", "run_scratch_dirs"):
+                if k in last:
+                    t.append((f"{k} growth idle->after-soak", last[k] - idle[k], 0, "<="))
+            # v1 keeps the cgroups of finished runs for reuse: as many as the
+            # most runs at once, which the throughput phase already reached.
+            t.append(("run_cgroups growth after-throughput->after-soak",
+                      last["run_cgroups"] - ref["run_cgroups"], 0, "<="))
+    if "run_cgroups_after_exit" in s:
+        t.append(("run cgroups left after the daemon exits", s["run_cgroups_after_exit"], 0, "=="))
     ops = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b, "==": lambda a, b: a == b}
     s["targets"] = [{"target": n, "value": v, "bound": b, "op": o, "met": bool(ops[o](v, b))}
                     for n, v, b, o in t]
@@ -156,10 +163,11 @@ def main():
             print(f"  {k:<24}{c['mean_s']:>8.2f} ({c['min_s']:.2f}..{c['max_s']:.2f}), {c['runs']} runs")
         print()
     if snaps:
-        print(f"{'daemon':<20}{'RSS MiB':>9}{'HWM MiB':>9}{'threads':>9}{'fds':>6}{'cgroups':>9}{'scratch':>9}")
+        print(f"{'daemon':<20}{'RSS MiB':>9}{'HWM MiB':>9}{'threads':>9}{'fds':>6}{'cgroups':>9}"
+              f"{'busy':>6}{'scratch':>9}")
         for x in snaps:
             print(f"{x['at']:<20}{x['vmrss_kib']/1024:>9.1f}{x['vmhwm_kib']/1024:>9.1f}{x['threads']:>9}"
-                  f"{x['fds']:>6}{x['run_cgroups']:>9}{x['run_scratch_dirs']:>9}")
+                  f"{x['fds']:>6}{x['run_cgroups']:>9}{x.get('busy_cgroups', '-'):>6}{x['run_scratch_dirs']:>9}")
         if "soak" in s:
             k = s["soak"]
             print(f"soak: {k['calls']} calls at c=8, {k['errors']} errors, {k['throughput_per_s']:.1f} runs/s, "

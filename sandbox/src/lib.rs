@@ -560,12 +560,7 @@ impl Sandbox {
             self.config.default_pids_limit,
             self.config.best_effort_limits,
         )?;
-        let into = limits
-            .cgroup
-            .as_deref()
-            .and_then(|c| c.clone_into())
-            .map(|fd| fd.as_raw_fd());
-        let (pid, pidfd, placed) = spawn(&plan, spec.network, into)?;
+        let (pid, pidfd, placed) = spawn(&plan, spec.network, limits.cgroup.as_deref())?;
         let mut guard = ChildGuard {
             pidfd: Some(pidfd),
             pid,
@@ -575,10 +570,8 @@ impl Sandbox {
 
         // Init waits on the sync pipe: nothing of the run happens before it is
         // in its cgroup, under its limits, with its id maps.
-        if let Some(cgroup) = &guard.cgroup {
-            if !placed {
-                cgroup.add(pid)?;
-            }
+        if let Some(cgroup) = &mut guard.cgroup {
+            cgroup.admit(pid, placed)?;
         }
         if let Some(nproc) = limits.nproc {
             limits::set_nproc(pid, nproc).map_err(Error::io("set RLIMIT_NPROC of the sandbox"))?;
@@ -694,15 +687,16 @@ impl Sandbox {
 }
 
 /// Clones the sandbox's init, which runs the plan. Not async: the raw exec
-/// pointers never live across an await.
+/// pointers never live across an await, and the thread that enters a pooled
+/// v1 cgroup to clone init there leaves it before anything else runs on it.
 ///
-/// With `cgroup` (a cgroup v2 directory), init starts in that cgroup
-/// (`CLONE_INTO_CGROUP`); the returned flag says whether it did, as kernels
-/// before 5.7 lack it.
+/// Init starts in `cgroup` when that cgroup allows it (see
+/// [`cgroup::RunCgroup`]): by `CLONE_INTO_CGROUP` on v2, which kernels before
+/// 5.7 lack, or from inside on v1. The returned flag says whether it did.
 fn spawn(
     plan: &Plan,
     network: Network,
-    cgroup: Option<RawFd>,
+    cgroup: Option<&dyn cgroup::RunCgroup>,
 ) -> Result<(libc::pid_t, OwnedFd, bool), Error> {
     let ptrs = ExecPointers::new(plan);
     let mut flags = libc::CLONE_NEWUSER
@@ -721,11 +715,16 @@ fn spawn(
         exit_signal: libc::SIGCHLD as u64,
         ..sys::CloneArgs::default()
     };
-    if let Some(fd) = cgroup {
+    let into = cgroup.and_then(|c| c.clone_into());
+    if let Some(fd) = into {
         args.flags |= CLONE_INTO_CGROUP;
-        args.cgroup = fd as u64;
+        args.cgroup = fd.as_raw_fd() as u64;
     }
-    let pid = loop {
+    let entered = match cgroup {
+        Some(c) if into.is_none() => c.enter()?,
+        _ => false,
+    };
+    let cloned = loop {
         // SAFETY: the child runs only `init_main`, which keeps to raw system
         // calls on the plan prepared before the clone and never returns.
         match unsafe { sys::clone3(&mut args) } {
@@ -735,15 +734,28 @@ fn spawn(
                 args.flags &= !CLONE_INTO_CGROUP;
                 args.cgroup = 0;
             }
-            result => break result.map_err(Error::errno("clone3"))?,
+            result => break result,
         }
     };
-    if pid == 0 {
+    if let Ok(0) = cloned {
         child::init_main(plan, &ptrs);
     }
-    let placed = args.flags & CLONE_INTO_CGROUP != 0;
+    let left = match cgroup {
+        Some(c) if entered => c.leave(),
+        _ => Ok(()),
+    };
+    let pid = cloned.map_err(Error::errno("clone3"))?;
     // SAFETY: clone3 with CLONE_PIDFD stored a new descriptor that we now own.
-    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }, placed))
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    if let Err(e) = left {
+        // Init is still held on its sync pipe: end it rather than run with
+        // this thread stuck in the run's cgroup.
+        kill_pidfd(&pidfd);
+        let _ = nix::sys::wait::waitid(Id::PIDFd(pidfd.as_fd()), WaitPidFlag::WEXITED);
+        return Err(e.into());
+    }
+    let placed = entered || args.flags & CLONE_INTO_CGROUP != 0;
+    Ok((pid, pidfd, placed))
 }
 
 /// clone3's flag to start the child in the cgroup `clone_args.cgroup` refers

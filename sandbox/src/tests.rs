@@ -152,12 +152,23 @@ impl Fixture {
 }
 
 impl Drop for Fixture {
-    /// Every run's cgroup is gone, whatever way the run ended.
+    /// Whatever way the runs ended, nothing is left in their cgroups, which
+    /// are gone once the sandbox is (v1 keeps them for reuse until then).
     fn drop(&mut self) {
         if std::thread::panicking() {
             return;
         }
         let left = cgroups_left(&self.sandbox);
+        for dir in &left {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+            assert!(procs.is_empty(), "{} still holds {procs:?}", dir.display());
+        }
+        let config = self.sandbox.config().clone();
+        drop(std::mem::replace(
+            &mut self.sandbox,
+            Sandbox::new(config).unwrap(),
+        ));
+        let left: Vec<_> = left.into_iter().filter(|d| d.exists()).collect();
         assert!(left.is_empty(), "run cgroups left behind: {left:?}");
     }
 }
@@ -936,4 +947,174 @@ fn sandbox_start_sweeps_run_cgroups_of_a_dead_daemon() {
     for d in &dirs {
         assert!(!d.exists(), "{} survived the sweep", d.display());
     }
+}
+
+/// The v1 driver of `fx`, when runs get pooled cgroups here (root on a v1 host).
+fn pooled_v1(fx: &Fixture) -> bool {
+    fx.sandbox
+        .limiter
+        .driver()
+        .is_some_and(|d| d.version() == CgroupVersion::V1)
+        && nix::unistd::geteuid().is_root()
+}
+
+/// Reads `file` of the one cgroup of `fx` that holds a process, once a run has
+/// put one there.
+async fn busy_cgroup_file(fx: &Fixture, controller: &str, file: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let busy = cgroups_left(&fx.sandbox).into_iter().find(|d| {
+            d.starts_with(Path::new("/sys/fs/cgroup").join(controller))
+                && std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|p| !p.is_empty())
+        });
+        if let Some(dir) = busy {
+            return std::fs::read_to_string(dir.join(file))
+                .unwrap()
+                .trim()
+                .to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no {controller} cgroup of the sandbox holds a process");
+}
+
+#[tokio::test]
+async fn v1_runs_reuse_one_cgroup_with_their_own_limits_and_usage() {
+    let fx = Fixture::new();
+    if !pooled_v1(&fx) {
+        return;
+    }
+    let home = std::fs::read_to_string("/proc/thread-self/cgroup").unwrap();
+    // 1: limits on, a busy loop, then an OOM kill.
+    let mut spec = fx.spec(
+        "sleep 0.3; i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; \
+         head -c 64m /dev/zero | tail > /dev/null",
+    );
+    spec.limits = Limits {
+        memory_bytes: Some(16 << 20),
+        cpu_millis: Some(1500),
+        pids: Some(50),
+    };
+    let (first, limits) = tokio::join!(fx.sandbox.run(&spec, b""), async {
+        (
+            busy_cgroup_file(&fx, "memory", "memory.limit_in_bytes").await,
+            busy_cgroup_file(&fx, "cpu", "cpu.cfs_quota_us").await,
+            busy_cgroup_file(&fx, "pids", "pids.max").await,
+        )
+    });
+    let first = first.unwrap();
+    assert_eq!(
+        limits,
+        ("16777216".into(), "150000".into(), "50".into()),
+        "the first run's limits"
+    );
+    assert_eq!(first.status, Status::OutOfMemory, "{first:?}");
+    let slots = cgroups_left(&fx.sandbox);
+    assert!(
+        !slots.is_empty(),
+        "v1 keeps the run's cgroups for the next run"
+    );
+    // The cloning thread went back to its own cgroups.
+    assert_eq!(
+        std::fs::read_to_string("/proc/thread-self/cgroup").unwrap(),
+        home
+    );
+    // An idle slot holds no limit that could hold up the next clone.
+    let memory = slots
+        .iter()
+        .find(|d| d.starts_with("/sys/fs/cgroup/memory"))
+        .unwrap();
+    let unlimited: u64 = std::fs::read_to_string(memory.join("memory.limit_in_bytes"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(unlimited > 1 << 50, "idle memory limit {unlimited}");
+
+    // 2: the same cgroups, the default limits, and only its own usage: the
+    // first run's OOM kill and CPU time do not count.
+    let mut spec = fx.spec("sleep 0.3; exit 3");
+    spec.limits = Limits::default();
+    let (second, limits) = tokio::join!(fx.sandbox.run(&spec, b""), async {
+        (
+            busy_cgroup_file(&fx, "memory", "memory.limit_in_bytes").await,
+            busy_cgroup_file(&fx, "cpu", "cpu.cfs_quota_us").await,
+            busy_cgroup_file(&fx, "pids", "pids.max").await,
+        )
+    });
+    let second = second.unwrap();
+    assert_eq!(
+        cgroups_left(&fx.sandbox),
+        slots,
+        "the second run reused them"
+    );
+    assert_eq!(limits.0, unlimited.to_string());
+    assert_eq!(limits.1, "-1");
+    assert_eq!(limits.2, fx.sandbox.config().default_pids_limit.to_string());
+    assert_eq!(second.status, Status::Exited(3), "{second:?}");
+    let (busy, idle) = (first.cpu_time.unwrap(), second.cpu_time.unwrap());
+    assert!(idle * 4 < busy, "cpu time: first {busy:?}, second {idle:?}");
+    assert!(
+        second.peak_memory_bytes.unwrap() < 16 << 20,
+        "{:?}",
+        second.peak_memory_bytes
+    );
+    assert_eq!(
+        std::fs::read_to_string("/proc/thread-self/cgroup").unwrap(),
+        home
+    );
+}
+
+#[test]
+fn a_v1_cgroup_that_is_not_empty_after_its_run_is_removed_not_reused() {
+    let fx = Fixture::new();
+    if !pooled_v1(&fx) {
+        return;
+    }
+    let driver = fx.sandbox.limiter.driver().unwrap();
+    let name = format!("stray-{}", std::process::id());
+    let mut run = driver.create(&name, &Limits::default()).unwrap();
+    let dirs = run.dirs();
+    assert!(dirs.iter().all(|d| d.ends_with(&name)), "{dirs:?}");
+    // A process the run left behind.
+    let mut stray = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    run.admit(stray.id() as libc::pid_t, false).unwrap();
+    run.remove().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(stray.wait().unwrap().signal(), Some(libc::SIGKILL));
+    for d in &dirs {
+        assert!(!d.exists(), "{} was kept", d.display());
+    }
+    // The next run gets cgroups of its own.
+    let next = driver.create("next", &Limits::default()).unwrap();
+    assert!(next.dirs().iter().all(|d| d.ends_with("next")));
+}
+
+#[tokio::test]
+async fn without_the_pool_each_v1_run_gets_cgroups_of_its_own() {
+    let fx = Fixture::with(|c| c.cgroup.pool = false);
+    if !pooled_v1(&fx) {
+        return;
+    }
+    let home = std::fs::read_to_string("/proc/thread-self/cgroup").unwrap();
+    let mut spec = fx.spec("sleep 0.3; head -c 64m /dev/zero | tail > /dev/null");
+    spec.limits.memory_bytes = Some(16 << 20);
+    let (out, limit) = tokio::join!(
+        fx.sandbox.run(&spec, b""),
+        busy_cgroup_file(&fx, "memory", "memory.limit_in_bytes")
+    );
+    assert_eq!(limit, "16777216");
+    assert_eq!(out.unwrap().status, Status::OutOfMemory);
+    // Removed with the run, and init was moved in rather than cloned there.
+    assert_eq!(cgroups_left(&fx.sandbox), Vec::<PathBuf>::new());
+    assert_eq!(
+        std::fs::read_to_string("/proc/thread-self/cgroup").unwrap(),
+        home
+    );
+    let out = fx.sh("exit 3").await;
+    assert_eq!(out.status, Status::Exited(3));
+    assert_eq!(cgroups_left(&fx.sandbox), Vec::<PathBuf>::new());
 }

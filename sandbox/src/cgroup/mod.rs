@@ -39,6 +39,9 @@ pub struct CgroupConfig {
     pub base: CgroupBase,
     /// The parent of every run cgroup, a relative path below `base`.
     pub parent: PathBuf,
+    /// cgroup v1: keep the cgroups of finished runs for the next runs (see
+    /// [`v1`]) instead of creating and removing them for each run.
+    pub pool: bool,
 }
 
 /// Where the parent cgroup of runs goes.
@@ -65,6 +68,7 @@ impl Default for CgroupConfig {
             root: "/sys/fs/cgroup".into(),
             base: CgroupBase::Auto,
             parent: "fnrun".into(),
+            pool: true,
         }
     }
 }
@@ -158,19 +162,42 @@ pub trait CgroupDriver: fmt::Debug + Send + Sync {
     fn sweep(&self, is_stale: &dyn Fn(&str) -> bool) -> Result<usize>;
 }
 
-/// The cgroup of one run. Dropping it kills what is left in it and removes it.
+/// The cgroup of one run. Dropping it kills what is left in it and frees it
+/// (removes it, or gives it back to its pool).
+///
+/// The sandbox's init gets into the cgroup in one of three ways, tried in
+/// this order: `clone3(CLONE_INTO_CGROUP)` with [`Self::clone_into`] (v2); the
+/// cloning thread [`Self::enter`]s the cgroup, clones init there and
+/// [`Self::leave`]s (pooled v1 cgroups); or [`Self::admit`] moves init in.
 pub trait RunCgroup: fmt::Debug + Send {
     /// For `clone3(CLONE_INTO_CGROUP)`: a descriptor of the cgroup directory
-    /// (v2 only). When `None`, [`Self::add`] places the process instead.
-    fn clone_into(&self) -> Option<std::os::fd::BorrowedFd<'_>>;
-    /// Moves process `pid` (all its threads) into the cgroup.
-    fn add(&self, pid: libc::pid_t) -> Result<()>;
+    /// (v2 only).
+    fn clone_into(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+    /// Moves the calling thread, alone, into the cgroup, so that the process
+    /// it clones next starts there. Returns whether it did; `false` when this
+    /// cgroup does not place init that way. On error the thread is where it
+    /// was.
+    fn enter(&self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Moves the calling thread back to this process's own cgroup after
+    /// [`Self::enter`].
+    fn leave(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Called with the sandbox's init `pid`, before init is released:
+    /// moves it (all its threads) into the cgroup unless `placed` (by clone)
+    /// and applies whatever limits are still to apply.
+    fn admit(&mut self, pid: libc::pid_t, placed: bool) -> Result<()>;
     /// SIGKILL to every process in the cgroup.
     fn kill(&self) -> Result<()>;
     /// What the run used so far.
     fn usage(&self) -> Usage;
-    /// Kills what is left and removes the cgroup, retrying briefly while the
-    /// kernel still counts exiting processes. Idempotent.
+    /// Kills what is left and removes the cgroup (retrying briefly while the
+    /// kernel still counts exiting processes), or gives it back to its pool
+    /// when nothing is left in it. Idempotent.
     fn remove(&mut self) -> Result<()>;
     /// The cgroup's directories (one per hierarchy), for messages and tests.
     fn dirs(&self) -> Vec<PathBuf>;
@@ -191,6 +218,24 @@ pub trait CgroupFs: fmt::Debug + Send + Sync {
     fn exists(&self, path: &Path) -> bool;
     /// The names of the child cgroups of `path`.
     fn children(&self, path: &Path) -> io::Result<Vec<String>>;
+    /// Opens an existing interface file for many writes, each one command
+    /// (see [`write_command`]). By default the file itself: the drivers use it
+    /// only for files whose writes a fake need not interpret (`tasks`).
+    fn open_write(&self, path: &Path) -> io::Result<std::fs::File> {
+        std::fs::OpenOptions::new().write(true).open(path)
+    }
+}
+
+/// Writes `value` to an open interface file in one write(2), as cgroupfs
+/// takes each write as one command.
+fn write_command(mut file: &std::fs::File, value: &str) -> io::Result<()> {
+    use std::io::Write;
+    let n = file.write(value.as_bytes())?;
+    if n == value.len() {
+        Ok(())
+    } else {
+        Err(io::Error::other("short write"))
+    }
 }
 
 /// The real cgroup filesystem.
@@ -203,16 +248,8 @@ impl CgroupFs for HostFs {
     }
 
     fn write(&self, path: &Path, value: &str) -> io::Result<()> {
-        use std::io::Write;
         // No O_CREAT: a missing interface file means a missing controller.
-        let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
-        // cgroupfs takes each write(2) as one command: never split it.
-        let n = file.write(value.as_bytes())?;
-        if n == value.len() {
-            Ok(())
-        } else {
-            Err(io::Error::other("short write"))
-        }
+        write_command(&std::fs::OpenOptions::new().write(true).open(path)?, value)
     }
 
     fn mkdir(&self, path: &Path) -> io::Result<()> {
@@ -271,10 +308,14 @@ pub fn detect(config: &CgroupConfig, fs: Arc<dyn CgroupFs>) -> Result<Box<dyn Cg
                     } else {
                         &h.mount
                     };
-                    Ok((h.controllers.clone(), parent_dir(base, &config.parent)?))
+                    Ok(v1::Hierarchy {
+                        controllers: h.controllers.clone(),
+                        parent: parent_dir(base, &config.parent)?,
+                        own: h.own.clone(),
+                    })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Ok(Box::new(v1::V1::new(fs, parents)?))
+            Ok(Box::new(v1::V1::new(fs, parents, config.pool)?))
         }
     }
 }
@@ -503,9 +544,12 @@ fn keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// SIGKILL to each pid; a pid that is already gone is fine.
+/// SIGKILL to each pid; a pid that is already gone is fine. Never to this
+/// process: one of its threads is in a pooled v1 cgroup while it clones a
+/// run's init there, and would be listed if a kill raced that.
 fn kill_pids(pids: &[libc::pid_t]) {
-    for &pid in pids {
+    let me = std::process::id() as libc::pid_t;
+    for &pid in pids.iter().filter(|&&p| p != me) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,

@@ -249,7 +249,7 @@ fn v2_creates_a_run_with_its_limits_then_removes_it() {
     // v2 places init with CLONE_INTO_CGROUP, through a descriptor of the dir.
     assert!(run.clone_into().is_some());
 
-    run.add(4242).unwrap();
+    run.admit(4242, false).unwrap();
     assert_eq!(read(dir.join("cgroup.procs")), "4242\n");
 
     std::fs::write(
@@ -337,8 +337,8 @@ fn v2_sweep_removes_stale_runs_only() {
     let fs = FakeV2::new(tmp.path(), "cpu memory pids");
     let parent = tmp.path().join("fnrun");
     let driver = V2::new(fs.clone(), tmp.path(), tmp.path(), &parent).unwrap();
-    let stale = driver.create("1-1-0-0", &Limits::default()).unwrap();
-    stale.add(777).unwrap();
+    let mut stale = driver.create("1-1-0-0", &Limits::default()).unwrap();
+    stale.admit(777, false).unwrap();
     // A crashed daemon never removes its runs.
     std::mem::forget(stale);
     let live = driver.create("2-2-0-0", &Limits::default()).unwrap();
@@ -374,6 +374,7 @@ fn detect_builds_a_v2_driver_from_files() {
         root: root.clone(),
         base: CgroupBase::Auto,
         parent: "fnrun".into(),
+        pool: true,
     };
     let driver = detect(&config, fs).unwrap();
     assert_eq!(driver.version(), Version::V2);
@@ -577,6 +578,7 @@ fn detect_puts_v1_runs_at_the_top_unless_told_otherwise() {
         root: root.to_owned(),
         base: CgroupBase::Auto,
         parent: "fnrun".into(),
+        pool: true,
     };
     // Plain directories stand in for the v1 hierarchies here.
     let fs: Arc<dyn CgroupFs> = Arc::new(HostFs);

@@ -1,17 +1,55 @@
 //! cgroup v1: one hierarchy per controller (or per group of co-mounted
 //! controllers). A run gets a cgroup of the same name in each of the memory,
 //! cpu, cpuacct, pids and freezer hierarchies that exist and are writable.
+//!
+//! # Pooled run cgroups
+//!
+//! Moving a process into a v1 cgroup (a pid written to `cgroup.procs`) takes
+//! the kernel's `cgroup_threadgroup_rwsem` for writing, which waits for an RCU
+//! grace period and holds up every fork and exit on the host meanwhile; v1
+//! has no `CLONE_INTO_CGROUP`. A fresh memory cgroup per run is not cheap
+//! either. So the cgroups of finished runs are kept in a [`Pool`] of slots
+//! and reused, and init never moves: the thread that clones it first moves
+//! itself, alone, into the slot (`"0"` written to each `tasks` file, which
+//! migrates only the writer and skips that lock), clones init, which starts
+//! in the slot like any child, and moves back to this process's own cgroups
+//! ([`RunCgroup::enter`], [`RunCgroup::leave`]).
+//!
+//! An idle slot is empty, has no memory limit and no CPU quota (so that the
+//! thread passing through is never throttled, and never the only task in a
+//! memory cgroup at its limit) and a pids limit of at least 2 (the thread and
+//! init). A run's limits are written once init exists, before it is released
+//! ([`RunCgroup::admit`]), and only where they differ from the slot's; its
+//! usage counters are the differences from when it took the slot (the peak is
+//! reset instead). A slot that still holds a process when its run ends, or
+//! whose files could not be written, is removed instead of reused. The pool
+//! needs this process's own cgroups to be writable (the thread must go back);
+//! where they are not, every run gets cgroups of its own, as before.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{
     CPU, CPU_PERIOD_US, CgroupDriver, CgroupError, CgroupFs, Controllers, MEMORY, PIDS, Result,
     RunCgroup, Usage, Version, WrapPath, cpu_quota_us, delegation_hint, keyed, kill_pids,
-    parse_pids, rmdir_retrying,
+    parse_pids, rmdir_retrying, write_command,
 };
 use crate::limits::Limits;
+
+/// One v1 hierarchy as [`V1::new`] takes it.
+#[derive(Debug, Clone)]
+pub struct Hierarchy {
+    /// The controllers fnrun uses that it carries.
+    pub controllers: Vec<String>,
+    /// The parent of run cgroups in it (created if missing).
+    pub parent: PathBuf,
+    /// This process's own cgroup in it.
+    pub own: PathBuf,
+}
+
+/// Idle slots kept at most; more are removed when their runs end.
+const MAX_IDLE_SLOTS: usize = 64;
 
 /// One hierarchy: its controllers and the parent cgroup in it.
 #[derive(Debug, Clone)]
@@ -32,16 +70,25 @@ pub struct V1 {
     fs: Arc<dyn CgroupFs>,
     parents: Vec<Parent>,
     controllers: Controllers,
+    /// Reused run cgroups; `None` when this process cannot move its threads
+    /// back to its own cgroups.
+    pool: Option<Arc<Pool>>,
 }
 
 impl V1 {
-    /// Creates the parent cgroup in each hierarchy, given as its controllers
-    /// and the parent's directory. Hierarchies where that fails are left out;
-    /// an error only when none is usable.
-    pub fn new(fs: Arc<dyn CgroupFs>, hierarchies: Vec<(Vec<String>, PathBuf)>) -> Result<V1> {
+    /// Creates the parent cgroup in each hierarchy. Hierarchies where that
+    /// fails are left out; an error only when none is usable. With `pool`,
+    /// run cgroups are reused when this process can go back to its own.
+    pub fn new(fs: Arc<dyn CgroupFs>, hierarchies: Vec<Hierarchy>, pool: bool) -> Result<V1> {
         let mut parents = Vec::new();
+        let mut homes = Vec::new();
         let mut problems: Vec<(Vec<String>, String)> = Vec::new();
-        for (controllers, dir) in hierarchies {
+        for Hierarchy {
+            controllers,
+            parent: dir,
+            own,
+        } in hierarchies
+        {
             match create_all(fs.as_ref(), &dir).and_then(|()| {
                 nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK).map_err(|e| {
                     CgroupError::Unusable(format!(
@@ -50,7 +97,10 @@ impl V1 {
                     ))
                 })
             }) {
-                Ok(()) => parents.push(Parent { controllers, dir }),
+                Ok(()) => {
+                    parents.push(Parent { controllers, dir });
+                    homes.push(own);
+                }
                 Err(e) => problems.push((controllers, e.to_string())),
             }
         }
@@ -89,11 +139,70 @@ impl V1 {
             ),
             pids: support(PIDS, "pids.max", "the pids hierarchy has no pids.max"),
         };
+        let pool = match pool.then(|| Pool::new(fs.as_ref(), &homes)) {
+            Some(Ok(pool)) => Some(Arc::new(pool)),
+            Some(Err(e)) => {
+                tracing::info!(reason = %e, "cgroup v1: one cgroup per run, not pooled");
+                None
+            }
+            None => None,
+        };
         Ok(V1 {
             fs,
             parents,
             controllers,
+            pool,
         })
+    }
+
+    /// The cgroups named `name`, created with no limits.
+    fn create_dirs(&self, name: &str) -> Result<RunV1> {
+        // On error `run` is dropped, which removes what was created.
+        let mut run = RunV1 {
+            fs: self.fs.clone(),
+            dirs: Vec::with_capacity(self.parents.len()),
+        };
+        for parent in &self.parents {
+            let dir = parent.dir.join(name);
+            self.fs.mkdir(&dir).wrap("create cgroup", &dir)?;
+            run.dirs.push(Parent {
+                controllers: parent.controllers.clone(),
+                dir,
+            });
+        }
+        Ok(run)
+    }
+
+    /// A new slot named `name` for `pool`.
+    fn create_slot(&self, name: &str) -> Result<Slot> {
+        let cgroups = self.create_dirs(name)?;
+        let tasks = cgroups
+            .dirs
+            .iter()
+            .map(|d| {
+                let path = d.dir.join("tasks");
+                self.fs.open_write(&path).wrap("open", &path)
+            })
+            .collect::<Result<_>>()?;
+        Ok(Slot {
+            tasks,
+            cgroups,
+            limits: Limits::default(),
+        })
+    }
+}
+
+impl Drop for V1 {
+    /// Removes the idle slots; slots in use are removed when their runs end.
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            let idle = {
+                let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
+                idle.closed = true;
+                std::mem::take(&mut idle.slots)
+            };
+            drop(idle);
+        }
     }
 }
 
@@ -132,20 +241,32 @@ impl CgroupDriver for V1 {
     }
 
     fn create(&self, name: &str, limits: &Limits) -> Result<Box<dyn RunCgroup>> {
-        // On error `run` is dropped, which removes what was created.
-        let mut run = RunV1 {
-            fs: self.fs.clone(),
-            dirs: Vec::with_capacity(self.parents.len()),
+        let Some(pool) = &self.pool else {
+            let run = self.create_dirs(name)?;
+            run.apply(&Limits::default(), limits)?;
+            return Ok(Box::new(run));
         };
-        for parent in &self.parents {
-            let dir = parent.dir.join(name);
-            self.fs.mkdir(&dir).wrap("create cgroup", &dir)?;
-            run.dirs.push(Parent {
-                controllers: parent.controllers.clone(),
-                dir,
-            });
+        let idle = pool.take();
+        let fresh = idle.is_none();
+        let slot = match idle {
+            Some(slot) => slot,
+            None => self.create_slot(name)?,
+        };
+        let mut run = PooledRun {
+            pool: pool.clone(),
+            slot: Some(slot),
+            limits: *limits,
+            start: Counters::default(),
+            reusable: std::sync::atomic::AtomicBool::new(true),
+        };
+        if !fresh {
+            // On error `run` is dropped, which removes the slot.
+            run.start = run.cgroups().counters();
+            let path = run.cgroups().path(MEMORY, "memory.max_usage_in_bytes");
+            if let Some(path) = path {
+                self.fs.write(&path, "0").wrap("reset", &path)?;
+            }
         }
-        run.apply(limits)?;
         Ok(Box::new(run))
     }
 
@@ -194,6 +315,10 @@ impl RunV1 {
             .map(|d| d.dir.as_path())
     }
 
+    fn path(&self, controller: &str, file: &str) -> Option<PathBuf> {
+        self.dir(controller).map(|d| d.join(file))
+    }
+
     fn write(&self, controller: &str, file: &str, value: &str) -> Result<()> {
         let dir = self
             .dir(controller)
@@ -206,24 +331,60 @@ impl RunV1 {
         self.fs.read(&self.dir(controller)?.join(file)).ok()
     }
 
-    fn apply(&self, limits: &Limits) -> Result<()> {
-        if let Some(bytes) = limits.memory_bytes {
-            let bytes = bytes.to_string();
-            self.write(MEMORY, "memory.limit_in_bytes", &bytes)?;
+    /// Changes the limits from `from`, what the files hold now, to `to`,
+    /// writing only what differs. `None` is no limit.
+    fn apply(&self, from: &Limits, to: &Limits) -> Result<()> {
+        if to.memory_bytes != from.memory_bytes {
+            let value = to
+                .memory_bytes
+                .map_or_else(|| "-1".to_owned(), |b| b.to_string());
             // memory+swap, when swap accounting is on: no swapping past the
-            // limit. Must not be below memory.limit_in_bytes, so it comes after.
-            if self.read(MEMORY, "memory.memsw.limit_in_bytes").is_some() {
-                self.write(MEMORY, "memory.memsw.limit_in_bytes", &bytes)?;
+            // limit. It may never be below memory.limit_in_bytes, so it goes
+            // first when the limit rises and last when it falls.
+            let memsw = self.read(MEMORY, "memory.memsw.limit_in_bytes").is_some();
+            let rises = to.memory_bytes.unwrap_or(u64::MAX) > from.memory_bytes.unwrap_or(u64::MAX);
+            if memsw && rises {
+                self.write(MEMORY, "memory.memsw.limit_in_bytes", &value)?;
+            }
+            self.write(MEMORY, "memory.limit_in_bytes", &value)?;
+            if memsw && !rises {
+                self.write(MEMORY, "memory.memsw.limit_in_bytes", &value)?;
             }
         }
-        if let Some(millis) = limits.cpu_millis {
-            self.write(CPU, "cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
-            self.write(CPU, "cpu.cfs_quota_us", &cpu_quota_us(millis).to_string())?;
+        if to.cpu_millis != from.cpu_millis {
+            match to.cpu_millis {
+                Some(millis) => {
+                    self.write(CPU, "cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+                    self.write(CPU, "cpu.cfs_quota_us", &cpu_quota_us(millis).to_string())?;
+                }
+                None => self.write(CPU, "cpu.cfs_quota_us", "-1")?,
+            }
         }
-        if let Some(pids) = limits.pids {
-            self.write(PIDS, "pids.max", &pids.to_string())?;
+        if to.pids != from.pids {
+            let value = to.pids.map_or_else(|| "max".to_owned(), |p| p.to_string());
+            self.write(PIDS, "pids.max", &value)?;
         }
         Ok(())
+    }
+
+    /// The usage counters as they are now.
+    fn counters(&self) -> Counters {
+        let number = |c: &str, f: &str| self.read(c, f).and_then(|s| s.trim().parse::<u64>().ok());
+        Counters {
+            oom_kills: self
+                .read(MEMORY, "memory.oom_control")
+                .and_then(|s| keyed(&s, "oom_kill")),
+            failcnt: number(MEMORY, "memory.failcnt"),
+            peak_memory_bytes: number(MEMORY, "memory.max_usage_in_bytes"),
+            cpu_ns: number("cpuacct", "cpuacct.usage"),
+        }
+    }
+
+    /// The directory whose `cgroup.procs` lists the run's processes for a
+    /// kill: the freezer's, which can stop them first, when there is one.
+    fn procs_dir(&self) -> Option<&Path> {
+        self.dir("freezer")
+            .or_else(|| self.dirs.first().map(|d| d.dir.as_path()))
     }
 
     /// The processes in the run, as listed by `controller`'s hierarchy.
@@ -233,11 +394,10 @@ impl RunV1 {
 }
 
 impl RunCgroup for RunV1 {
-    fn clone_into(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        None
-    }
-
-    fn add(&self, pid: libc::pid_t) -> Result<()> {
+    fn admit(&mut self, pid: libc::pid_t, placed: bool) -> Result<()> {
+        if placed {
+            return Ok(());
+        }
         let pid = pid.to_string();
         for d in &self.dirs {
             let path = d.dir.join("cgroup.procs");
@@ -249,11 +409,10 @@ impl RunCgroup for RunV1 {
     }
 
     fn kill(&self) -> Result<()> {
-        let Some(first) = self.dirs.first() else {
+        let Some(procs_dir) = self.procs_dir() else {
             return Ok(());
         };
         let freezer = self.dir("freezer");
-        let procs_dir = freezer.unwrap_or(&first.dir);
         if self.procs(procs_dir).is_empty() {
             return Ok(());
         }
@@ -279,15 +438,7 @@ impl RunCgroup for RunV1 {
     }
 
     fn usage(&self) -> Usage {
-        let number = |c: &str, f: &str| self.read(c, f).and_then(|s| s.trim().parse::<u64>().ok());
-        Usage {
-            oom_kills: self
-                .read(MEMORY, "memory.oom_control")
-                .and_then(|s| keyed(&s, "oom_kill")),
-            hit_memory_limit: number(MEMORY, "memory.failcnt").is_some_and(|n| n > 0),
-            peak_memory_bytes: number(MEMORY, "memory.max_usage_in_bytes"),
-            cpu_time: number("cpuacct", "cpuacct.usage").map(Duration::from_nanos),
-        }
+        self.counters().since(&Counters::default())
     }
 
     fn remove(&mut self) -> Result<()> {
@@ -324,6 +475,237 @@ impl Drop for RunV1 {
         let _ = self.kill();
         if let Err(e) = self.remove() {
             tracing::warn!(error = %e, "cannot remove a run cgroup");
+        }
+    }
+}
+
+/// A run's usage counters at one moment (`None`: the kernel has no such
+/// file).
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    oom_kills: Option<u64>,
+    failcnt: Option<u64>,
+    peak_memory_bytes: Option<u64>,
+    cpu_ns: Option<u64>,
+}
+
+impl Counters {
+    /// What was used since `start`; the peak is not a counter (it is reset
+    /// when a slot is taken) and is taken as it is.
+    fn since(&self, start: &Counters) -> Usage {
+        let delta =
+            |now: Option<u64>, then: Option<u64>| now.map(|n| n.saturating_sub(then.unwrap_or(0)));
+        Usage {
+            oom_kills: delta(self.oom_kills, start.oom_kills),
+            hit_memory_limit: delta(self.failcnt, start.failcnt).is_some_and(|n| n > 0),
+            peak_memory_bytes: self.peak_memory_bytes,
+            cpu_time: delta(self.cpu_ns, start.cpu_ns).map(Duration::from_nanos),
+        }
+    }
+}
+
+/// Idle run cgroups, and where threads go back to (see the module's doc).
+#[derive(Debug)]
+struct Pool {
+    /// `tasks` of this process's own cgroup in each hierarchy, in the order
+    /// of [`V1::parents`].
+    home: Vec<std::fs::File>,
+    idle: Mutex<Idle>,
+}
+
+#[derive(Debug, Default)]
+struct Idle {
+    slots: Vec<Slot>,
+    /// The driver is gone: slots are removed, not kept.
+    closed: bool,
+}
+
+impl Pool {
+    /// A pool whose threads go back to `homes`, this process's own cgroups.
+    /// Checks that they can: the calling thread moves (back) to its home.
+    fn new(fs: &dyn CgroupFs, homes: &[PathBuf]) -> Result<Pool> {
+        let home = homes
+            .iter()
+            .map(|dir| {
+                let path = dir.join("tasks");
+                let file = fs.open_write(&path).wrap("open", &path)?;
+                write_command(&file, "0").wrap("move this thread to", &path)?;
+                Ok(file)
+            })
+            .collect::<Result<_>>()?;
+        Ok(Pool {
+            home,
+            idle: Mutex::new(Idle::default()),
+        })
+    }
+
+    fn take(&self) -> Option<Slot> {
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .slots
+            .pop()
+    }
+
+    /// Keeps `slot` for another run, or gives it back when the pool is
+    /// closed or full.
+    fn put(&self, slot: Slot) -> Option<Slot> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.closed || idle.slots.len() >= MAX_IDLE_SLOTS {
+            return Some(slot);
+        }
+        idle.slots.push(slot);
+        None
+    }
+}
+
+/// One pooled set of run cgroups. Dropping it kills what is in it and
+/// removes it.
+#[derive(Debug)]
+struct Slot {
+    /// `tasks` of each directory of `cgroups`, in the same order. Declared
+    /// first: closed before the directories are removed.
+    tasks: Vec<std::fs::File>,
+    cgroups: RunV1,
+    /// The limits its files hold.
+    limits: Limits,
+}
+
+impl Slot {
+    /// The limits of an idle slot: none that could hold up the thread that
+    /// passes through to clone init (see the module's doc).
+    fn idle_limits(&self) -> Limits {
+        Limits {
+            memory_bytes: None,
+            cpu_millis: None,
+            pids: self.limits.pids.filter(|&p| p >= 2),
+        }
+    }
+}
+
+/// A run's cgroups, taken from a [`Pool`].
+#[derive(Debug)]
+pub struct PooledRun {
+    pool: Arc<Pool>,
+    /// `None` once given back.
+    slot: Option<Slot>,
+    /// The run's limits, applied by `admit`.
+    limits: Limits,
+    /// The counters when the run took the slot.
+    start: Counters,
+    /// Cleared when a write to the slot failed: it is not reused.
+    reusable: std::sync::atomic::AtomicBool,
+}
+
+impl PooledRun {
+    fn cgroups(&self) -> &RunV1 {
+        &self.slot.as_ref().expect("a slot until removed").cgroups
+    }
+
+    fn spoil(&self) {
+        self.reusable
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Moves the calling thread to this process's own cgroups.
+    fn go_home(&self) -> Result<()> {
+        let mut first_error = None;
+        for (file, parent) in self.pool.home.iter().zip(&self.cgroups().dirs) {
+            if let Err(e) = write_command(file, "0") {
+                first_error.get_or_insert(CgroupError::Io {
+                    op: "move the cloning thread out of",
+                    path: parent.dir.clone(),
+                    source: e,
+                });
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl RunCgroup for PooledRun {
+    fn enter(&self) -> Result<bool> {
+        let slot = self.slot.as_ref().expect("a slot until removed");
+        for (file, d) in slot.tasks.iter().zip(&slot.cgroups.dirs) {
+            if let Err(e) = write_command(file, "0") {
+                self.spoil();
+                // Back to where it was; the error that matters is this one.
+                let _ = self.go_home();
+                return Err(e).wrap("move the cloning thread into", &d.dir);
+            }
+        }
+        Ok(true)
+    }
+
+    fn leave(&self) -> Result<()> {
+        self.go_home().inspect_err(|_| self.spoil())
+    }
+
+    fn admit(&mut self, pid: libc::pid_t, placed: bool) -> Result<()> {
+        let limits = self.limits;
+        let slot = self.slot.as_mut().expect("a slot until removed");
+        if !placed {
+            slot.cgroups.admit(pid, false)?;
+        }
+        let applied = slot.cgroups.apply(&slot.limits, &limits);
+        slot.limits = limits;
+        if applied.is_err() {
+            self.spoil();
+        }
+        applied
+    }
+
+    fn kill(&self) -> Result<()> {
+        self.cgroups().kill()
+    }
+
+    fn usage(&self) -> Usage {
+        self.cgroups().counters().since(&self.start)
+    }
+
+    fn remove(&mut self) -> Result<()> {
+        let Some(mut slot) = self.slot.take() else {
+            return Ok(());
+        };
+        let empty = slot
+            .cgroups
+            .procs_dir()
+            .is_some_and(|d| slot.cgroups.procs(d).is_empty());
+        let reusable = empty && self.reusable.load(std::sync::atomic::Ordering::Relaxed) && {
+            let idle = slot.idle_limits();
+            let reset = slot.cgroups.apply(&slot.limits, &idle);
+            slot.limits = idle;
+            reset.is_ok()
+        };
+        let mut slot = if reusable {
+            match self.pool.put(slot) {
+                None => return Ok(()),
+                Some(slot) => slot,
+            }
+        } else {
+            slot
+        };
+        // Not reused: removed, with whatever is left in it.
+        slot.cgroups.kill()?;
+        slot.tasks.clear();
+        slot.cgroups.remove()
+    }
+
+    fn dirs(&self) -> Vec<PathBuf> {
+        self.slot
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.cgroups.dirs())
+    }
+}
+
+impl Drop for PooledRun {
+    fn drop(&mut self) {
+        if self.slot.is_none() {
+            return;
+        }
+        let _ = self.kill();
+        if let Err(e) = self.remove() {
+            tracing::warn!(error = %e, "cannot free a run cgroup");
         }
     }
 }

@@ -275,7 +275,10 @@ impl RunCgroup for RunV2 {
         self.fd.as_ref().map(|fd| fd.as_fd())
     }
 
-    fn add(&self, pid: libc::pid_t) -> Result<()> {
+    fn admit(&mut self, pid: libc::pid_t, placed: bool) -> Result<()> {
+        if placed {
+            return Ok(());
+        }
         self.write("cgroup.procs", &pid.to_string())
     }
 
