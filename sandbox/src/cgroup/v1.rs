@@ -175,18 +175,8 @@ impl V1 {
 
     /// A new slot named `name` for `pool`.
     fn create_slot(&self, name: &str) -> Result<Slot> {
-        let cgroups = self.create_dirs(name)?;
-        let tasks = cgroups
-            .dirs
-            .iter()
-            .map(|d| {
-                let path = d.dir.join("tasks");
-                self.fs.open_write(&path).wrap("open", &path)
-            })
-            .collect::<Result<_>>()?;
         Ok(Slot {
-            tasks,
-            cgroups,
+            cgroups: self.create_dirs(name)?,
             limits: Limits::default(),
         })
     }
@@ -563,9 +553,6 @@ impl Pool {
 /// removes it.
 #[derive(Debug)]
 struct Slot {
-    /// `tasks` of each directory of `cgroups`, in the same order. Declared
-    /// first: closed before the directories are removed.
-    tasks: Vec<std::fs::File>,
     cgroups: RunV1,
     /// The limits its files hold.
     limits: Limits,
@@ -625,13 +612,14 @@ impl PooledRun {
 
 impl RunCgroup for PooledRun {
     fn enter(&self) -> Result<bool> {
-        let slot = self.slot.as_ref().expect("a slot until removed");
-        for (file, d) in slot.tasks.iter().zip(&slot.cgroups.dirs) {
-            if let Err(e) = write_command(file, "0") {
+        let cgroups = self.cgroups();
+        for d in &cgroups.dirs {
+            let tasks = d.dir.join("tasks");
+            if let Err(e) = cgroups.fs.write(&tasks, "0") {
                 self.spoil();
                 // Back to where it was; the error that matters is this one.
                 let _ = self.go_home();
-                return Err(e).wrap("move the cloning thread into", &d.dir);
+                return Err(e).wrap("move the cloning thread into", &tasks);
             }
         }
         Ok(true)
@@ -687,7 +675,6 @@ impl RunCgroup for PooledRun {
         };
         // Not reused: removed, with whatever is left in it.
         slot.cgroups.kill()?;
-        slot.tasks.clear();
         slot.cgroups.remove()
     }
 
