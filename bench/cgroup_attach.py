@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""The cost of attaching a process to cgroup v1 hierarchies, as fnrun does per run.
+"""The cost of attaching a process to cgroup v1 hierarchies, as fnrun did per run.
 
 Forks a sleeping child, writes its pid to cgroup.procs of a fresh cgroup in each
 hierarchy (cpu, cpuacct, memory, freezer, pids), kills and reaps it; N times, with
-GAP seconds between attaches. Prints p50/p90/p99 of the attach.
+GAP seconds between attaches. Prints p50/p90/p99 of the attach. Then measures what
+fnrun's pooled v1 cgroups do instead: a thread writes "0" to the tasks file of
+the same cgroups (moving only itself, without the rwsem) and back to its own.
 
     bench/cgroup_attach.py [--gap 0.02] [-n 100]
     bench/cgroup_attach.py --favordynmods    # also measure with favordynmods
@@ -21,6 +23,7 @@ import ctypes
 import os
 import statistics
 import sys
+import threading
 import time
 
 HIERARCHIES = ["cpu", "cpuacct", "memory", "freezer", "pids"]
@@ -55,9 +58,49 @@ def measure(root, gap, n):
                     break
                 except OSError:
                     time.sleep(0.01)
-    times.sort()
+    return (len(dirs),) + quantiles(times)
+
+
+def quantiles(times):
+    times = sorted(times)
     pick = lambda q: times[min(len(times) - 1, int(q * len(times)))]
-    return len(dirs), statistics.median(times), pick(0.9), pick(0.99)
+    return statistics.median(times), pick(0.9), pick(0.99)
+
+
+def measure_thread(root, gap, n):
+    """A thread moves itself into the cgroups and back, n times."""
+    hs = [h for h in HIERARCHIES if os.path.isdir(os.path.join(root, h))]
+    own = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            for c in ctrls.split(","):
+                own[c] = path
+    dirs = [os.path.join(root, h, NAME) for h in hs]
+    homes = [os.path.join(root, h, own.get(h, "/").lstrip("/")) for h in hs]
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    times = []
+
+    def work():
+        for _ in range(n):
+            time.sleep(gap)
+            start = time.perf_counter()
+            # open(2), write(2), close(2) per file, as fnrun does.
+            for d in dirs + homes:
+                fd = os.open(os.path.join(d, "tasks"), os.O_WRONLY)
+                os.write(fd, b"0")
+                os.close(fd)
+            times.append((time.perf_counter() - start) * 1e3)
+
+    try:
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    finally:
+        for d in dirs:
+            os.rmdir(d)
+    return (len(dirs),) + quantiles(times)
 
 
 def super_options(path):
@@ -89,6 +132,9 @@ def main():
         sys.exit("cgroup_attach.py: run as root")
     k, p50, p90, p99 = measure(args.root, args.gap, args.n)
     print(f"attach to {k} v1 hierarchies, {args.gap * 1e3:.0f} ms apart, n={args.n}: "
+          f"p50 {p50:.3f} ms  p90 {p90:.3f} ms  p99 {p99:.3f} ms")
+    k, p50, p90, p99 = measure_thread(args.root, args.gap, args.n)
+    print(f"a thread into {k} hierarchies and back (\"0\" to tasks): "
           f"p50 {p50:.3f} ms  p90 {p90:.3f} ms  p99 {p99:.3f} ms")
     if args.favordynmods:
         unified = os.path.join(args.root, "unified")

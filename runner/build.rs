@@ -28,7 +28,18 @@ fn main() {
     println!("cargo:rerun-if-env-changed=FNRUN_GIT_COMMIT");
     // Only where there is a git checkout: a path that does not exist would make
     // cargo rebuild every time (for example in a release tarball).
-    if std::path::Path::new("../.git/HEAD").exists() {
+    if let Ok(head) = std::fs::read_to_string("../.git/HEAD") {
         println!("cargo:rerun-if-changed=../.git/HEAD");
+        // HEAD names a branch, whose ref file is what moves on each commit.
+        if let Some(branch) = head.trim().strip_prefix("ref: ") {
+            for path in [
+                format!("../.git/{branch}"),
+                "../.git/packed-refs".to_owned(),
+            ] {
+                if std::path::Path::new(&path).exists() {
+                    println!("cargo:rerun-if-changed={path}");
+                }
+            }
+        }
     }
 }

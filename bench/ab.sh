@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A/B of two fnrun builds on the warm path: interleaved rounds, each with a
+# fresh daemon of one build, 200 sequential calls (p50) and 600 calls at
+# concurrency 8 (runs/s) of the bench's `cat` image. Interleaving and paired
+# ratios keep a slow spell of the machine from favouring either side.
+#
+#   bench/ab.sh OLD_FNRUN NEW_FNRUN [ROUNDS=8]
+#
+# The binaries are release builds (e.g. `git worktree add /tmp/old <commit>`
+# then `cargo build --release -p fnrun` there). The load client is built from
+# this checkout. Root, like bench/run.sh; prints per-round and median ratios.
+set -euo pipefail
+
+OLD=$(realpath "$1")
+NEW=$(realpath "$2")
+ROUNDS=${3:-8}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-bench}
+cargo build --release -q --manifest-path "$ROOT/Cargo.toml" -p fnrun-bench
+LOADGEN=$CARGO_TARGET_DIR/release/fnrun-loadgen
+command -v umoci >/dev/null || { echo "ab.sh: needs umoci (bench/run.sh installs it)" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/fnrun-ab.XXXXXX)
+chmod 0755 "$WORK"
+DAEMON_PID=""
+cleanup() {
+  [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
+  chmod -R u+rwX "$WORK" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# The same image as bench/run.sh: busybox cat.
+printf 'observed: {}\ndesired: {}\n' > "$WORK/input.yaml"
+LAYOUT=$WORK/cat-layout
+umoci init --layout "$LAYOUT"
+umoci new --image "$LAYOUT:latest"
+umoci unpack --image "$LAYOUT:latest" "$WORK/stage" >/dev/null
+R=$WORK/stage/rootfs
+mkdir -p "$R/bin" "$R/etc" "$R/tmp"
+chmod 1777 "$R/tmp"
+cp /bin/busybox "$R/bin/busybox"
+for a in sh cat true; do ln -s busybox "$R/bin/$a"; done
+printf 'root:x:0:0:root:/root:/bin/sh\n' > "$R/etc/passwd"
+printf 'root:x:0:\n' > "$R/etc/group"
+umoci repack --image "$LAYOUT:latest" "$WORK/stage"
+umoci config --image "$LAYOUT:latest" --clear=config.entrypoint --clear=config.cmd \
+  --config.env=PATH=/bin --config.entrypoint=/bin/cat
+umoci gc --layout "$LAYOUT"
+rm -rf "$WORK/stage"
+
+load() { # label conc n warmup -> the summary line's fields
+  "$LOADGEN" --socket "$WORK/sock" --image "oci:$LAYOUT:latest" --input "$WORK/input.yaml" \
+    -c "$2" -n "$3" --warmup "$4" --label "$1" --json /dev/null 2>&1 | awk -v l="$1" '$1 == l'
+}
+
+for r in $(seq "$ROUNDS"); do
+  for side in old new; do
+    bin=$OLD; [ "$side" = new ] && bin=$NEW
+    rm -rf "$WORK/cache" "$WORK/sock"
+    "$bin" serve --listen "unix:$WORK/sock" --cache-dir "$WORK/cache" > "$WORK/daemon.log" 2>&1 &
+    DAEMON_PID=$!
+    for _ in $(seq 100); do [ -S "$WORK/sock" ] && break; sleep 0.1; done
+    load first 1 1 0 >/dev/null
+    p50=$(load seq 1 200 20 | awk '{print $5}')
+    tput=$(load c8 8 600 40 | awk '{print $10}')
+    echo "$r $side $p50 $tput"
+    kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true; DAEMON_PID=""
+  done
+done | tee "$WORK/ab.txt"
+
+python3 - "$WORK/ab.txt" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+by = {}
+for r, side, p50, tput in rows:
+    by.setdefault(r, {})[side] = (float(p50), float(tput))
+pairs = [v for v in by.values() if len(v) == 2]
+lat = [v["new"][0] / v["old"][0] for v in pairs]
+thr = [v["new"][1] / v["old"][1] for v in pairs]
+print(f"p50 (ms), median of rounds: old {statistics.median(v['old'][0] for v in pairs):.2f}, "
+      f"new {statistics.median(v['new'][0] for v in pairs):.2f}; "
+      f"paired new/old median {statistics.median(lat):.2f} ({min(lat):.2f}..{max(lat):.2f})")
+print(f"c=8 runs/s, median of rounds: old {statistics.median(v['old'][1] for v in pairs):.0f}, "
+      f"new {statistics.median(v['new'][1] for v in pairs):.0f}; "
+      f"paired new/old median {statistics.median(thr):.2f} ({min(thr):.2f}..{max(thr):.2f})")
+PY
