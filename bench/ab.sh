@@ -31,23 +31,10 @@ cleanup() {
 trap cleanup EXIT
 
 # The same image as bench/run.sh: busybox cat.
-printf 'observed: {}\ndesired: {}\n' > "$WORK/input.yaml"
+# shellcheck source=bench/cat_image.sh
+. "$ROOT/bench/cat_image.sh"
+cat_image "$WORK"
 LAYOUT=$WORK/cat-layout
-umoci init --layout "$LAYOUT"
-umoci new --image "$LAYOUT:latest"
-umoci unpack --image "$LAYOUT:latest" "$WORK/stage" >/dev/null
-R=$WORK/stage/rootfs
-mkdir -p "$R/bin" "$R/etc" "$R/tmp"
-chmod 1777 "$R/tmp"
-cp /bin/busybox "$R/bin/busybox"
-for a in sh cat true; do ln -s busybox "$R/bin/$a"; done
-printf 'root:x:0:0:root:/root:/bin/sh\n' > "$R/etc/passwd"
-printf 'root:x:0:\n' > "$R/etc/group"
-umoci repack --image "$LAYOUT:latest" "$WORK/stage"
-umoci config --image "$LAYOUT:latest" --clear=config.entrypoint --clear=config.cmd \
-  --config.env=PATH=/bin --config.entrypoint=/bin/cat
-umoci gc --layout "$LAYOUT"
-rm -rf "$WORK/stage"
 
 load() { # label conc n warmup -> the summary line's fields
   "$LOADGEN" --socket "$WORK/sock" --image "oci:$LAYOUT:latest" --input "$WORK/input.yaml" \

@@ -102,24 +102,11 @@ cat "$OUT/machine.json" >&2
 
 # ---------------------------------------------------------------- image
 log "building the cat function image (busybox-static, umoci)"
+# shellcheck source=bench/cat_image.sh
+. "$ROOT/bench/cat_image.sh"
+cat_image "$WORK"
 INPUT=$WORK/input.yaml
-printf 'observed: {}\ndesired: {}\n' > "$INPUT"
 LAYOUT=$WORK/cat-layout
-umoci init --layout "$LAYOUT"
-umoci new --image "$LAYOUT:latest"
-umoci unpack --image "$LAYOUT:latest" "$WORK/stage" >/dev/null
-R=$WORK/stage/rootfs
-mkdir -p "$R/bin" "$R/etc" "$R/tmp"
-chmod 1777 "$R/tmp"
-cp /bin/busybox "$R/bin/busybox"
-for a in sh cat true; do ln -s busybox "$R/bin/$a"; done
-printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' > "$R/etc/passwd"
-printf 'root:x:0:\nnobody:x:65534:\n' > "$R/etc/group"
-umoci repack --image "$LAYOUT:latest" "$WORK/stage"
-umoci config --image "$LAYOUT:latest" --clear=config.entrypoint --clear=config.cmd \
-  --config.env=PATH=/bin --config.entrypoint=/bin/cat
-umoci gc --layout "$LAYOUT"
-rm -rf "$WORK/stage"
 IMAGE="oci:$LAYOUT:latest"
 
 log "making the runc bundle of the same image (runc spec --rootless)"

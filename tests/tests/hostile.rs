@@ -424,30 +424,25 @@ fn cgroup_dirs() -> BTreeSet<PathBuf> {
     out
 }
 
-/// Whether a run cgroup belongs to another daemon (its name is
-/// `<pidns>-<daemon pid>-<start>-<sandbox>-<run>`): other tests on this machine
-/// may run functions at the same time.
-fn foreign_cgroup(path: &Path, daemon_pid: u32) -> bool {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+/// The pid of the daemon whose run cgroup `path` is (its name is
+/// `<pidns>-<daemon pid>-<start>-<sandbox>-<run>`); `None` for other names.
+fn cgroup_daemon(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_string_lossy().into_owned();
     let parts: Vec<&str> = name.split('-').collect();
-    parts.len() == 5
-        && parts.iter().all(|p| p.parse::<u64>().is_ok())
-        && parts[1] != daemon_pid.to_string()
+    (parts.len() == 5 && parts.iter().all(|p| p.parse::<u64>().is_ok()))
+        .then(|| parts[1].parse().ok())
+        .flatten()
+}
+
+/// Whether a run cgroup belongs to another daemon: other tests on this
+/// machine may run functions at the same time.
+fn foreign_cgroup(path: &Path, daemon_pid: u32) -> bool {
+    cgroup_daemon(path).is_some_and(|pid| pid != daemon_pid)
 }
 
 /// Whether `path` is a run cgroup of the daemon `daemon_pid`.
 fn own_cgroup(path: &Path, daemon_pid: u32) -> bool {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let parts: Vec<&str> = name.split('-').collect();
-    parts.len() == 5
-        && parts.iter().all(|p| p.parse::<u64>().is_ok())
-        && parts[1] == daemon_pid.to_string()
+    cgroup_daemon(path) == Some(daemon_pid)
 }
 
 /// Whether the cgroup `dir` holds a process.
