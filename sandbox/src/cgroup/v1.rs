@@ -250,11 +250,14 @@ impl CgroupDriver for V1 {
             reusable: std::sync::atomic::AtomicBool::new(true),
         };
         if !fresh {
-            // On error `run` is dropped, which removes the slot.
             run.start = run.cgroups().counters();
             let path = run.cgroups().path(MEMORY, "memory.max_usage_in_bytes");
             if let Some(path) = path {
-                self.fs.write(&path, "0").wrap("reset", &path)?;
+                if let Err(e) = self.fs.write(&path, "0") {
+                    // Not reused: dropping `run` removes the slot.
+                    run.spoil();
+                    return Err(e).wrap("reset", &path);
+                }
             }
         }
         Ok(Box::new(run))
