@@ -4,8 +4,6 @@ the unshare floor vs runc) and throughput against concurrency.
 
     python3 bench/chart.py bench/results/<stamp> docs/benchmarks.png
 """
-import json
-import os
 import sys
 
 import matplotlib
@@ -13,13 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def load(d, name):
-    p = os.path.join(d, name)
-    if not os.path.exists(p):
-        return None
-    with open(p) as f:
-        return json.load(f)
+from summarize import load  # noqa: E402  (bench/, next to this script)
 
 
 def main():

@@ -376,7 +376,7 @@ impl Registries {
                 let plain = self.plain_http(&host).await;
                 let roots = self.reqwest_roots();
                 Ok(Credentials::Bearer {
-                    token: crate::token::exchange(repo, token, &self.insecure, plain, roots)
+                    token: crate::token::exchange(repo, &host, token, &self.insecure, plain, roots)
                         .await?,
                 })
             }

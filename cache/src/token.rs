@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use oci_client::Reference;
 
 use crate::digest::truncate;
 use crate::registry::{RegistryError, Repo, plain_http_allowed};
@@ -106,10 +105,12 @@ fn url_host(url: &str) -> Option<(bool, &str)> {
     (!host.is_empty() && !host.contains('@')).then_some((https, host))
 }
 
-/// Exchanges `refresh_token` for an access token that may pull `repo`. `plain`: the
-/// registry is spoken to over plain HTTP; `roots`: extra trusted CA certificates.
+/// Exchanges `refresh_token` for an access token that may pull `repo` from the
+/// registry's API `host` (as oci-client resolves it). `plain`: the registry is
+/// spoken to over plain HTTP; `roots`: extra trusted CA certificates.
 pub(crate) async fn exchange(
     repo: &Repo,
+    host: &str,
     refresh_token: &str,
     insecure: &[String],
     plain: bool,
@@ -124,14 +125,6 @@ pub(crate) async fn exchange(
         registry: repo.registry.clone(),
         detail,
     };
-    // Docker Hub's API host, as oci-client resolves it.
-    let host = Reference::with_tag(
-        repo.registry.clone(),
-        repo.repository.clone(),
-        "latest".into(),
-    )
-    .resolve_registry()
-    .to_owned();
     let scheme = if plain { "http" } else { "https" };
     let client = reqwest::Client::builder()
         .tls_certs_merge(roots)
