@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-
 use crate::digest::truncate;
 use crate::registry::{RegistryError, Repo, plain_http_allowed};
 

@@ -149,3 +149,17 @@ pub fn kill_pids(pids: &[i32]) {
         );
     }
 }
+
+/// `len` bytes that do not compress (xorshift64 from `seed`), so that a layer
+/// keeps its size on the wire.
+pub fn noise(len: usize, mut seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        out.extend_from_slice(&seed.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}

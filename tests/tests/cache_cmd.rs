@@ -116,25 +116,18 @@ fn list_verify_and_prune() {
     assert_eq!(out.code, Some(0), "{}", out.describe());
 }
 
-/// 24 MiB that do not compress.
-fn random_bytes(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id());
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 #[test]
 fn two_images_on_one_base_layer_take_the_space_of_one() {
     let registry = Registry::start().expect("registry starts");
     let built = TestImage::echo()
-        .file("/data.bin", random_bytes(24 << 20), 0o644)
+        .file(
+            "/data.bin",
+            fnrun_tests::fixtures::noise(
+                24 << 20,
+                0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id()),
+            ),
+            0o644,
+        )
         .build()
         .expect("image builds");
     // A second image: the same layer, another config.

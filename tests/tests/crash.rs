@@ -6,23 +6,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fnrun_tests::cli::Cli;
+use fnrun_tests::fixtures::noise;
 use fnrun_tests::functionio::SAMPLE;
 use fnrun_tests::image::TestImage;
 use fnrun_tests::registry::Registry;
-
-/// Incompressible bytes, so the layer stays 200 MiB on the wire.
-fn noise(len: usize, mut seed: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        // xorshift64
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        out.extend_from_slice(&seed.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 #[test]
 fn pull_killed_at_any_moment_leaves_a_usable_cache() {

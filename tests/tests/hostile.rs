@@ -488,6 +488,16 @@ fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The daemon's RSS stayed below [`MAX_DAEMON_RSS`] during a flood.
+fn rss_below_bound(rss: u64) -> CaseResult {
+    ensure!(
+        rss < MAX_DAEMON_RSS,
+        "the daemon's RSS reached {} MiB during the flood",
+        rss >> 20
+    );
+    Ok(())
+}
+
 /// Samples the daemon's RSS every 10 ms until dropped; keeps the maximum.
 struct RssSampler {
     max: Arc<AtomicU64>,
@@ -680,6 +690,17 @@ impl Harness {
             .await
             .map(|r| String::from_utf8_lossy(&r.output).into_owned());
         (result, start.elapsed())
+    }
+
+    /// Calls RunFunction while sampling the daemon's RSS; also returns the
+    /// highest RSS seen.
+    async fn run_sampling_rss(
+        &mut self,
+        request: Run,
+    ) -> (Result<String, tonic::Status>, Duration, u64) {
+        let sampler = RssSampler::start(self.pid);
+        let (result, elapsed) = self.run(request).await;
+        (result, elapsed, sampler.finish())
     }
 
     /// The daemon still serves, and nothing of the case is left behind.
@@ -943,21 +964,15 @@ async fn cpu_spin(h: &mut Harness, images: &Images) -> CaseResult {
 }
 
 async fn stdout_flood(h: &mut Harness, images: &Images) -> CaseResult {
-    let sampler = RssSampler::start(h.pid);
-    let (result, elapsed) = h
-        .run(Run::new(&images.stdout_flood, SAMPLE).timeout(Duration::from_secs(60)))
+    let (result, elapsed, rss) = h
+        .run_sampling_rss(Run::new(&images.stdout_flood, SAMPLE).timeout(Duration::from_secs(60)))
         .await;
-    let rss = sampler.finish();
     let status = expect_err(result, &[Code::Aborted])?;
     ensure!(
         status.message().contains("output") && status.message().contains("limit"),
         "the message does not mention the output limit: {status:?}"
     );
-    ensure!(
-        rss < MAX_DAEMON_RSS,
-        "the daemon's RSS reached {} MiB during the flood",
-        rss >> 20
-    );
+    rss_below_bound(rss)?;
     ensure!(
         elapsed < Duration::from_secs(60),
         "the flood took {elapsed:?} to end"
@@ -971,11 +986,9 @@ async fn stdout_flood(h: &mut Harness, images: &Images) -> CaseResult {
 }
 
 async fn stderr_flood(h: &mut Harness, images: &Images) -> CaseResult {
-    let sampler = RssSampler::start(h.pid);
-    let (result, elapsed) = h
-        .run(Run::new(&images.stderr_flood, SAMPLE).timeout(Duration::from_secs(60)))
+    let (result, elapsed, rss) = h
+        .run_sampling_rss(Run::new(&images.stderr_flood, SAMPLE).timeout(Duration::from_secs(60)))
         .await;
-    let rss = sampler.finish();
     let status = expect_err(result, &[Code::Aborted])?;
     let message = status.message();
     ensure!(
@@ -988,11 +1001,7 @@ async fn stderr_flood(h: &mut Harness, images: &Images) -> CaseResult {
         "the message holds {} bytes of stderr, not only a tail",
         message.len()
     );
-    ensure!(
-        rss < MAX_DAEMON_RSS,
-        "the daemon's RSS reached {} MiB during the flood",
-        rss >> 20
-    );
+    rss_below_bound(rss)?;
     ensure!(
         elapsed < Duration::from_secs(60),
         "2 GiB of stderr took {elapsed:?}"
@@ -1011,11 +1020,9 @@ async fn stdin_never_read(h: &mut Harness, images: &Images) -> CaseResult {
         "observed: {{}}\ndesired: {{}}\nresults:\n- severity: Normal\n  message: \"{}\"\n",
         "a".repeat(32 << 20)
     );
-    let sampler = RssSampler::start(h.pid);
-    let (result, elapsed) = h
-        .run(Run::new(&images.stdin_ignored, input).timeout(Duration::from_secs(60)))
+    let (result, elapsed, rss) = h
+        .run_sampling_rss(Run::new(&images.stdin_ignored, input).timeout(Duration::from_secs(60)))
         .await;
-    let rss = sampler.finish();
     let output = result.map_err(|s| format!("the run failed: {s:?}"))?;
     ensure!(
         fnrun_tests::functionio::parse(&output) == fnrun_tests::functionio::parse(MINIMAL),

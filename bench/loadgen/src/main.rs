@@ -11,15 +11,10 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use fnrun_api::v1alpha1::RunFunctionRequest;
 use fnrun_api::v1alpha1::containerized_function_runner_service_client::ContainerizedFunctionRunnerServiceClient;
-use hyper_util::rt::TokioIo;
 use serde_json::json;
-use tonic::transport::{Channel, Endpoint, Uri};
-use tower::service_fn;
+use tonic::transport::Channel;
 
 type Client = ContainerizedFunctionRunnerServiceClient<Channel>;
-
-/// The URI is required by tonic but unused: the connector dials the socket.
-const DUMMY_URI: &str = "http://[::]:50051";
 
 #[derive(Debug, Parser)]
 #[command(about = "RunFunction load client for fnrun benchmarks")]
@@ -64,16 +59,7 @@ struct Args {
 }
 
 async fn connect(path: PathBuf) -> Result<Client> {
-    let channel = Endpoint::try_from(DUMMY_URI)?
-        .connect_with_connector(service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
-        .await
-        .context("cannot connect to the unix socket")?;
+    let channel = fnrun_tests::client::channel_unix(&path).await?;
     Ok(ContainerizedFunctionRunnerServiceClient::new(channel)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20))
