@@ -24,7 +24,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 
 pub use crate::digest::DigestError;
 pub use crate::gc::{CachedImage, Lease, PruneReport, VerifyReport};
@@ -292,6 +292,23 @@ where
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Internal(format!("cache task failed: {e}")))?
+}
+
+/// Set when one layer of a pull has failed, for the others to stop.
+struct Stop(tokio::sync::watch::Receiver<bool>);
+
+impl Stop {
+    fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once set (never, if the setter is gone unset).
+    async fn wait(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(|&set| set).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// Where the blobs of an image being materialized come from.
@@ -761,7 +778,7 @@ impl Cache {
 
         // The config, then what of the image is here already.
         let cfg = manifest.config.clone();
-        self.ensure_blob(&cfg, "config", &source, &reference, &|_| {})
+        self.ensure_blob(&cfg, "config", &source, &reference, &|_| {}, None)
             .await?;
         let Inspected {
             parsed,
@@ -808,15 +825,23 @@ impl Cache {
 
         // Each missing layer is downloaded, then unpacked as soon as its blob is
         // here, while the others download: a few layers at a time, each once.
+        // When one fails, the others stop downloading and do not start unpacking,
+        // and what already runs (an unpack, a commit) is waited for: a failed pull
+        // returns with nothing of it still working or writing.
         // (Futures are collected into a Vec first: closures inside stream
         // combinators make the future not provably `Send`.)
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
         let mut layers = Vec::with_capacity(missing.len());
         for (&i, progress) in missing.iter().zip(layer_progress) {
             let layer = &manifest.layers[i];
             let (budget, source, reference) = (budget.clone(), &source, &reference);
             let diff_id = parsed.diff_ids[i].clone();
+            let stop = Stop(stop.clone());
             layers.push(async move {
-                self.download_layer(layer, source, reference, progress.as_ref())
+                if stop.is_set() {
+                    return Ok(());
+                }
+                self.download_layer(layer, source, reference, progress.as_ref(), &stop)
                     .await?;
                 self.ensure_layer(
                     layer.digest.clone(),
@@ -825,14 +850,25 @@ impl Cache {
                     budget,
                     reference,
                     progress,
+                    &stop,
                 )
                 .await
             });
         }
-        futures::stream::iter(layers)
-            .buffer_unordered(CONCURRENT_DOWNLOADS)
-            .try_collect::<Vec<()>>()
-            .await?;
+        let mut results = futures::stream::iter(layers).buffer_unordered(CONCURRENT_DOWNLOADS);
+        let mut failed = None;
+        while let Some(result) = results.next().await {
+            if let Err(e) = result
+                && failed.is_none()
+            {
+                stop_tx.send_replace(true);
+                failed = Some(e);
+            }
+        }
+        drop(results);
+        if let Some(e) = failed {
+            return Err(e);
+        }
 
         Ok(inner.image(reference, &digest, parsed))
     }
@@ -844,18 +880,20 @@ impl Cache {
         source: &Source,
         reference: &str,
         progress: &dyn PullProgress,
+        stop: &Stop,
     ) -> Result<(), Error> {
         let name = layer.digest.to_string();
         progress.layer_started(&name, layer.size);
         let on_bytes = |n| progress.layer_bytes(&name, n);
-        self.ensure_blob(layer, "layer", source, reference, &on_bytes)
+        self.ensure_blob(layer, "layer", source, reference, &on_bytes, Some(stop))
             .await?;
         progress.layer_downloaded(&name);
         Ok(())
     }
 
     /// Makes a blob available from `source`: present in the store (downloading it if
-    /// allowed) or present in the layout. A download tells `on_bytes` of each chunk.
+    /// allowed) or present in the layout. A download tells `on_bytes` of each chunk,
+    /// and ends early, with `Ok` and nothing stored, once `stop` is set.
     async fn ensure_blob(
         &self,
         blob: &Descriptor,
@@ -863,6 +901,7 @@ impl Cache {
         source: &Source,
         reference: &str,
         on_bytes: &(dyn Fn(u64) + Sync),
+        stop: Option<&Stop>,
     ) -> Result<(), Error> {
         let digest = &blob.digest;
         let store = &self.inner.store;
@@ -893,10 +932,18 @@ impl Cache {
                     return Ok(());
                 }
                 let tmp = store.tmp_path("blob");
-                self.inner
+                let fetch = self
+                    .inner
                     .registries
-                    .blob(repo, creds, what, blob, &tmp, on_bytes)
-                    .await?;
+                    .blob(repo, creds, what, blob, &tmp, on_bytes);
+                match stop {
+                    None => fetch.await?,
+                    // Dropping the download removes its partial file.
+                    Some(stop) => tokio::select! {
+                        fetched = fetch => fetched?,
+                        () = stop.wait() => return Ok(()),
+                    },
+                }
                 let (inner, d) = (self.inner.clone(), digest.clone());
                 blocking(move || Ok(inner.store.commit_blob(&tmp, &d)?)).await
             }
@@ -904,7 +951,9 @@ impl Cache {
     }
 
     /// Unpacks one layer unless it already is; charges it to `budget` either way. Reports
-    /// the unpacking (if this call does it) and the end to `progress`.
+    /// the unpacking (if this call does it) and the end to `progress`. Does nothing once
+    /// `stop` is set, unless the unpacking has started.
+    #[allow(clippy::too_many_arguments)]
     async fn ensure_layer(
         &self,
         blob: Digest,
@@ -913,9 +962,13 @@ impl Cache {
         budget: Arc<Budget>,
         reference: &str,
         progress: Arc<dyn PullProgress>,
+        stop: &Stop,
     ) -> Result<(), Error> {
         let key = format!("layer/{}/{}", self.inner.owner_tag, diff_id.hex());
         let guard = self.inner.locks.lock(key).await;
+        if stop.is_set() {
+            return Ok(());
+        }
         let inner = self.inner.clone();
         let source = source.clone();
         let reference = reference.to_owned();

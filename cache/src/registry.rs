@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -497,13 +498,15 @@ impl Registries {
             let path = dest.to_owned();
             move |err| RegistryError::Io { op, path, err }
         };
-        let mut file = tokio::fs::OpenOptions::new()
+        // Created here, not on the blocking pool: a create still queued there when this
+        // future is dropped would run after `RemoveOnDrop` and leave the file behind.
+        let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o644)
             .open(dest)
-            .await
             .map_err(io("create"))?;
+        let mut file = tokio::fs::File::from_std(file);
         let mut hasher = Hasher::default();
         while let Some(chunk) = stream.next().await {
             let chunk = match chunk {

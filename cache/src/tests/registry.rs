@@ -349,8 +349,10 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
             "application/x-evil",
         ),
     ];
+    let session = cache.inner.store.tmp_path("x").parent().unwrap().to_owned();
     for (lie, kind, text) in cases {
         mode.store(lie as u8, Ordering::SeqCst);
+        let (blobs_before, layers_before) = (entries(&blobs_dir), layer_dirs(&cache));
         let err = cache
             .get(&r, PullPolicy::Always, &Credentials::Anonymous)
             .await
@@ -358,6 +360,13 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
         eprintln!("{lie:?}: {err}");
         assert_eq!(err.kind(), kind, "{lie:?}: {err}");
         assert!(err.to_string().contains(text), "{lie:?}: {err}");
+        // A failed pull has finished all its work when it returns: no partial file,
+        // nothing still unpacking.
+        assert!(
+            entries(&session).is_empty(),
+            "{lie:?}: {:?}",
+            entries(&session)
+        );
         // Only documents that were verified may be stored; never the lying
         // layer. The honest layer downloads (and unpacks) alongside it and
         // may be done and verified before the lie is found.
@@ -379,22 +388,31 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
             Lie::HugeManifest | Lie::ManifestMediaType | Lie::LayerMediaType
         ) {
             // Refused before anything else was fetched: nothing new.
-            assert!(stored.len() <= 2, "{lie:?}: {stored:?}");
-            assert!(layer_dirs(&cache).is_empty(), "{lie:?}");
+            assert_eq!(stored, blobs_before, "{lie:?}");
+            assert_eq!(layer_dirs(&cache), layers_before, "{lie:?}");
         }
         for dir in layer_dirs(&cache) {
+            // A layer's directory, or its size record beside it.
+            let hex = dir.strip_suffix(".json").unwrap_or(&dir);
             assert!(
-                t.diff_ids[1..].iter().any(|d| d.hex() == dir),
+                t.diff_ids[1..].iter().any(|d| d.hex() == hex),
                 "{lie:?}: layer {dir} was unpacked"
             );
         }
-        assert_eq!(session_files(&cache), 0, "{lie:?}");
         assert!(
             std::fs::read_dir(cache.root().join("refs"))
                 .unwrap()
                 .next()
                 .is_none()
         );
+        // Nothing turns up later either.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            entries(&session).is_empty(),
+            "{lie:?}: {:?}",
+            entries(&session)
+        );
+        assert_eq!(entries(&blobs_dir), stored, "{lie:?}");
     }
 
     // Nothing at all was stored by the lies that fail before the manifest is verified.
