@@ -20,9 +20,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::errors::{OciDistributionError, OciEnvelope, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use oci_client::{Client, Reference, RegistryOperation};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::Credentials;
@@ -249,6 +249,8 @@ pub(crate) struct Registries {
     roots: Vec<Vec<u8>>,
     /// Probed protocol of loopback and insecure registries: `true` for plain HTTP.
     plain: Mutex<HashMap<String, bool>>,
+    /// The HTTP client of manifest requests (see [`Registries::manifest`]).
+    http: std::sync::OnceLock<reqwest::Client>,
 }
 
 impl Registries {
@@ -267,6 +269,7 @@ impl Registries {
                 .transpose()?
                 .unwrap_or_default(),
             plain: Mutex::new(HashMap::new()),
+            http: std::sync::OnceLock::new(),
         })
     }
 
@@ -386,6 +389,12 @@ impl Registries {
     }
 
     /// Fetches a manifest or index by tag or digest and verifies it against a pinned digest.
+    ///
+    /// oci-client authenticates (and caches the token for the blob requests that
+    /// follow), but the request is made here: oci-client reads a manifest's whole body
+    /// into memory, and a registry could send gigabytes. Here a body past
+    /// [`MAX_METADATA_BYTES`] is refused as soon as it is, whatever `Content-Length`
+    /// says.
     pub(crate) async fn manifest(
         &self,
         repo: &Repo,
@@ -407,20 +416,90 @@ impl Registries {
             ),
         };
         tracing::debug!(reference = %repo.reference, manifest = %reference, "fetching manifest");
-        let (bytes, _) = client
-            .pull_manifest_raw(&reference, &auth, ACCEPTED_MANIFESTS)
+        let token = client
+            .auth(&reference, &auth, RegistryOperation::Pull)
             .await
             .map_err(|e| map_error(e, repo, "manifest"))?;
-        if bytes.len() as u64 > MAX_METADATA_BYTES {
-            return Err(RegistryError::TooLarge {
-                reference: repo.reference.clone(),
-                what: "manifest",
-                digest: digest.map_or_else(|| reference.to_string(), ToString::to_string),
-                limit: MAX_METADATA_BYTES,
-            });
+        let unavailable = |detail: String| RegistryError::Unavailable {
+            reference: repo.reference.clone(),
+            registry: repo.registry.clone(),
+            detail,
+        };
+        let scheme = match self.plain_http(&repo.registry).await {
+            true => "http",
+            false => "https",
+        };
+        let url = format!(
+            "{scheme}://{}/v2/{}/manifests/{}",
+            reference.resolve_registry(),
+            reference.repository(),
+            digest.map_or_else(|| tag.unwrap_or("latest").to_owned(), ToString::to_string),
+        );
+        let mut request = self
+            .http()
+            .map_err(|e| unavailable(format!("cannot set up the HTTP client: {e}")))?
+            .get(&url)
+            .header(reqwest::header::ACCEPT, ACCEPTED_MANIFESTS.join(", "));
+        request = match (token, &auth) {
+            (Some(token), _) => request.bearer_auth(token),
+            (None, RegistryAuth::Basic(user, password)) => request.basic_auth(user, Some(password)),
+            (None, _) => request,
+        };
+        let mut response = request.send().await.map_err(|e| {
+            unavailable(format!("GET manifest failed: {}", chain(&e.without_url())))
+        })?;
+        let status = response.status();
+        let ok = status == reqwest::StatusCode::OK;
+        // What the registry says the manifest's digest is, checked like a pinned one.
+        let claimed = response
+            .headers()
+            .get("Docker-Content-Digest")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| Digest::parse(v).ok());
+        let too_large = || RegistryError::TooLarge {
+            reference: repo.reference.clone(),
+            what: "manifest",
+            digest: digest.map_or_else(|| reference.to_string(), ToString::to_string),
+            limit: MAX_METADATA_BYTES,
+        };
+        if ok
+            && response
+                .content_length()
+                .is_some_and(|len| len > MAX_METADATA_BYTES)
+        {
+            return Err(too_large());
+        }
+        // An error's body is only read for its message.
+        let cap = match ok {
+            true => MAX_METADATA_BYTES,
+            false => 64 << 10,
+        };
+        let mut bytes = Vec::new();
+        let mut complete = true;
+        while let Some(chunk) = response.chunk().await.map_err(|e| {
+            unavailable(format!(
+                "download of manifest failed: {}",
+                chain(&e.without_url())
+            ))
+        })? {
+            if (bytes.len() + chunk.len()) as u64 > cap {
+                complete = false;
+                break;
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        if !ok {
+            return Err(map_error(
+                response_error(status, &bytes, &url),
+                repo,
+                "manifest",
+            ));
+        }
+        if !complete {
+            return Err(too_large());
         }
         let actual = Digest::of(&bytes);
-        if let Some(expected) = digest
+        if let Some(expected) = digest.or(claimed.as_ref())
             && *expected != actual
         {
             return Err(RegistryError::DigestMismatch {
@@ -430,7 +509,22 @@ impl Registries {
                 actual: actual.to_string(),
             });
         }
-        Ok((bytes.to_vec(), actual))
+        Ok((bytes, actual))
+    }
+
+    /// The HTTP client of manifest requests: the timeouts and extra roots of
+    /// oci-client's, and the same redirect policy (followed, credentials dropped
+    /// on a change of host).
+    fn http(&self) -> Result<&reqwest::Client, reqwest::Error> {
+        if let Some(client) = self.http.get() {
+            return Ok(client);
+        }
+        let client = reqwest::Client::builder()
+            .tls_certs_merge(self.reqwest_roots())
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .build()?;
+        Ok(self.http.get_or_init(|| client))
     }
 
     /// Downloads the blob of descriptor `blob` into the new file `dest`, verifying size
@@ -563,6 +657,28 @@ impl Drop for RemoveOnDrop {
         if let Some(path) = self.0.take() {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+/// The error oci-client makes of a response with `status` other than 200 and `body`,
+/// for [`map_error`].
+fn response_error(status: reqwest::StatusCode, body: &[u8], url: &str) -> OciDistributionError {
+    let url = url.to_owned();
+    match status {
+        reqwest::StatusCode::UNAUTHORIZED => OciDistributionError::UnauthorizedError { url },
+        s if s.is_success() => {
+            OciDistributionError::SpecViolationError(format!("expected HTTP status 200, got {s}"))
+        }
+        s => match serde_json::from_slice::<OciEnvelope>(body) {
+            Ok(envelope) if s.is_client_error() => {
+                OciDistributionError::RegistryError { envelope, url }
+            }
+            _ => OciDistributionError::ServerError {
+                code: s.as_u16(),
+                url,
+                message: String::from_utf8_lossy(body).into_owned(),
+            },
+        },
     }
 }
 

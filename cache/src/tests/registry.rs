@@ -210,7 +210,15 @@ enum Lie {
     ManifestMediaType,
     /// A layer has an unknown media type.
     LayerMediaType,
+    /// The manifest has no length and does not end (up to [`ENDLESS_BYTES`]).
+    EndlessManifest,
 }
+
+/// How much of an endless manifest the lying registry sends at most.
+const ENDLESS_BYTES: u64 = 1 << 30;
+
+/// Bytes of endless manifests the lying registry has sent.
+static ENDLESS_SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A registry at 127.0.0.1 serving `lie/fn:v1` (and the same image as `lie/fn:v2`) from
 /// `blobs` and `manifest`, lying as `mode` says.
@@ -242,9 +250,23 @@ async fn lying_registry(
                     3 => Lie::HugeManifest,
                     4 => Lie::ManifestMediaType,
                     5 => Lie::LayerMediaType,
+                    6 => Lie::EndlessManifest,
                     _ => Lie::Honest,
                 };
                 let path = head[0].split(' ').nth(1).unwrap_or("").to_owned();
+                if lie == Lie::EndlessManifest && path.contains("/manifests/") {
+                    let mut conn = conn.into_inner();
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: {OCI_MANIFEST}\r\nConnection: close\r\n\r\n{{\"schemaVersion\":2,\"annotations\":{{\"pad\":\""
+                    );
+                    let pad = vec![b'x'; 64 << 10];
+                    let mut ok = conn.write_all(head.as_bytes()).await.is_ok();
+                    while ok && ENDLESS_SENT.load(Ordering::SeqCst) < ENDLESS_BYTES {
+                        ok = conn.write_all(&pad).await.is_ok();
+                        ENDLESS_SENT.fetch_add(pad.len() as u64, Ordering::SeqCst);
+                    }
+                    return;
+                }
                 let mut content_type = "application/octet-stream".to_owned();
                 let (status, mut body) = if path == "/v2/" {
                     ("200 OK", b"{}".to_vec())
@@ -342,6 +364,7 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
         (Lie::Mismatch, ErrorKind::Corrupt, "digest mismatch"),
         (Lie::Truncated, ErrorKind::Unavailable, "download of layer"),
         (Lie::HugeManifest, ErrorKind::Corrupt, "larger than"),
+        (Lie::EndlessManifest, ErrorKind::Corrupt, "larger than"),
         (Lie::ManifestMediaType, ErrorKind::Corrupt, "media type"),
         (
             Lie::LayerMediaType,
@@ -360,6 +383,12 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
         eprintln!("{lie:?}: {err}");
         assert_eq!(err.kind(), kind, "{lie:?}: {err}");
         assert!(err.to_string().contains(text), "{lie:?}: {err}");
+        if lie == Lie::EndlessManifest {
+            // Refused once past the cap, not read to its end: what was sent is the
+            // cap and what the sockets buffer.
+            let sent = ENDLESS_SENT.load(Ordering::SeqCst);
+            assert!(sent < 64 << 20, "{sent} bytes of the manifest were read");
+        }
         // A failed pull has finished all its work when it returns: no partial file,
         // nothing still unpacking.
         assert!(
@@ -385,7 +414,7 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
         }
         if matches!(
             lie,
-            Lie::HugeManifest | Lie::ManifestMediaType | Lie::LayerMediaType
+            Lie::HugeManifest | Lie::EndlessManifest | Lie::ManifestMediaType | Lie::LayerMediaType
         ) {
             // Refused before anything else was fetched: nothing new.
             assert_eq!(stored, blobs_before, "{lie:?}");
