@@ -147,8 +147,15 @@ snapshot() { # label -> one JSON object about the daemon
     [ -n "$(head -c1 "$d/cgroup.procs" 2>/dev/null)" ] && busy=$((busy + 1))
   done < <(find /sys/fs/cgroup -mindepth 2 -path '*/fnrun/*' -type d 2>/dev/null)
   runs=$(find "$CACHE" -mindepth 2 -maxdepth 2 -path '*/runs/*' 2>/dev/null | wc -l)
-  printf '{"at":"%s","vmrss_kib":%s,"vmhwm_kib":%s,"threads":%s,"fds":%s,"run_cgroups":%s,"busy_cgroups":%s,"run_scratch_dirs":%s}\n' \
-    "$1" "$rss" "$hwm" "$thr" "$fds" "$cg" "$busy" "$runs"
+  # The spawner (the daemon's child that clones each init) shares most of its
+  # pages with the daemon: what it adds is its own (private) memory.
+  local sp spawner=0
+  for sp in $(pgrep -P "$pid" 2>/dev/null); do
+    [ "$(cat /proc/$sp/comm 2>/dev/null)" = fnrun-spawner ] || continue
+    spawner=$(awk '/^Private_(Clean|Dirty)/{s+=$2} END{print s+0}' /proc/$sp/smaps_rollup 2>/dev/null || echo 0)
+  done
+  printf '{"at":"%s","vmrss_kib":%s,"vmhwm_kib":%s,"spawner_private_kib":%s,"threads":%s,"fds":%s,"run_cgroups":%s,"busy_cgroups":%s,"run_scratch_dirs":%s}\n' \
+    "$1" "$rss" "$hwm" "$spawner" "$thr" "$fds" "$cg" "$busy" "$runs"
 }
 snapshot idle-start > "$OUT/daemon-snapshots.jsonl"
 # First call: pulls (copies) and unpacks the image into the cache.

@@ -20,6 +20,7 @@ pub mod cgroup;
 mod child;
 mod idmap;
 mod limits;
+mod spawner;
 mod stdio;
 mod sys;
 
@@ -81,6 +82,10 @@ pub struct SandboxConfig {
     pub best_effort_limits: bool,
     /// Where the cgroups of runs go.
     pub cgroup: CgroupConfig,
+    /// Clone each run's init from a small spawner process (forked at the first
+    /// run) instead of from this process: the daemon's memory is then never
+    /// write-protected for a clone (see `spawner.rs`).
+    pub spawner: bool,
 }
 
 impl SandboxConfig {
@@ -99,6 +104,7 @@ impl SandboxConfig {
             default_pids_limit: 1024,
             best_effort_limits: false,
             cgroup: CgroupConfig::default(),
+            spawner: true,
         }
     }
 }
@@ -214,6 +220,7 @@ pub struct Sandbox {
     config: SandboxConfig,
     last_cap: u32,
     limiter: limits::Limiter,
+    spawner: Option<spawner::Spawner>,
 }
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -257,11 +264,21 @@ impl Sandbox {
             .unwrap_or(63);
         // Also removes the run cgroups of a daemon that crashed.
         let limiter = limits::Limiter::new(&config.cgroup);
+        let spawner = config
+            .spawner
+            .then(|| spawner::Spawner::new(config.seccomp.clone()));
         Ok(Sandbox {
             config,
             last_cap,
             limiter,
+            spawner,
         })
+    }
+
+    /// The pid of the spawner process, while one runs (see
+    /// [`SandboxConfig::spawner`]).
+    pub fn spawner_pid(&self) -> Option<libc::pid_t> {
+        self.spawner.as_ref().and_then(spawner::Spawner::pid)
     }
 
     /// The configuration.
@@ -560,7 +577,12 @@ impl Sandbox {
             self.config.default_pids_limit,
             self.config.best_effort_limits,
         )?;
-        let (pid, pidfd, placed) = spawn(&plan, spec.network, limits.cgroup.as_deref())?;
+        let (pid, pidfd, placed) = spawn(
+            &plan,
+            spec.network,
+            limits.cgroup.as_deref(),
+            self.spawner.as_ref(),
+        )?;
         let mut guard = ChildGuard {
             pidfd: Some(pidfd),
             pid,
@@ -697,7 +719,42 @@ fn spawn(
     plan: &Plan,
     network: Network,
     cgroup: Option<&dyn cgroup::RunCgroup>,
+    spawner: Option<&spawner::Spawner>,
 ) -> Result<(libc::pid_t, OwnedFd, bool), Error> {
+    if let Some(spawner) = spawner {
+        let into = cgroup.and_then(|c| c.clone_into());
+        let moves = match cgroup {
+            Some(c) if into.is_none() => c.thread_move()?,
+            _ => None,
+        };
+        let failed_move = |e: Errno| {
+            let c = cgroup.expect("only a cgroup is moved into");
+            c.thread_move_failed();
+            cgroup::CgroupError::Io {
+                op: "move the spawner into or out of",
+                path: c.dirs().into_iter().next().unwrap_or_default(),
+                source: e.into(),
+            }
+        };
+        match spawner.spawn(plan, network, spawner::Placement { into, moves }) {
+            Ok(Some(spawned)) => return Ok(spawned),
+            // Not for the spawner: cloned from here, below.
+            Ok(None) => {}
+            Err(spawner::Failed::Enter(e)) => return Err(failed_move(e).into()),
+            Err(spawner::Failed::Clone(e)) => return Err(Error::errno("clone3")(e)),
+            Err(spawner::Failed::Died(e)) => {
+                return Err(Error::errno(
+                    "clone init: the spawner died with the request",
+                )(e));
+            }
+            Err(spawner::Failed::Leave(e, pidfd)) => {
+                // Init was killed before it was released; this process is its
+                // parent and reaps it.
+                let _ = nix::sys::wait::waitid(Id::PIDFd(pidfd.as_fd()), WaitPidFlag::WEXITED);
+                return Err(failed_move(e).into());
+            }
+        }
+    }
     let ptrs = ExecPointers::new(plan);
     let mut flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS

@@ -1118,3 +1118,149 @@ async fn without_the_pool_each_v1_run_gets_cgroups_of_its_own() {
     assert_eq!(out.status, Status::Exited(3));
     assert_eq!(cgroups_left(&fx.sandbox), Vec::<PathBuf>::new());
 }
+
+/// A field of `/proc/<pid>/status` ("PPid", "Threads", ...).
+fn proc_status(pid: i32, field: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| {
+        l.strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(|v| v.trim().to_owned())
+    })
+}
+
+/// The host pid of the init of the run whose function's command line is
+/// `cmdline` (NUL-separated), found while it runs: the ancestor of that process
+/// whose parent is this process.
+async fn init_of(cmdline: &str) -> i32 {
+    let me = std::process::id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let found = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == cmdline.as_bytes())
+            });
+        let mut pid = found;
+        while let Some(p) = pid {
+            let parent = proc_status(p, "PPid").and_then(|v| v.parse::<i32>().ok());
+            if parent == Some(me) {
+                return p;
+            }
+            pid = parent.filter(|&pp| pp > 1);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no run of {cmdline:?} found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_is_cloned_by_the_spawner_as_a_child_of_this_process() {
+    let fx = Fixture::new();
+    let spec = fx.spec("sleep 1.25; echo done");
+    let (out, init) = tokio::join!(fx.sandbox.run(&spec, b""), init_of("sleep\x001.25\x00"));
+    assert_eq!(out.unwrap().stdout, b"done\n");
+    // A clone of the spawner (it carries the name of the spawner's thread), and
+    // this process's child: it reaped init through its pidfd.
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{init}/comm")).unwrap_or_default(),
+        "",
+        "init {init} is still there"
+    );
+    let spawner = fx.sandbox.spawner_pid().expect("a spawner runs");
+    let me = std::process::id().to_string();
+    assert_eq!(proc_status(spawner, "PPid").as_deref(), Some(me.as_str()));
+    assert_eq!(proc_status(spawner, "Threads").as_deref(), Some("1"));
+    // It holds its socket and stdio, nothing of this process's.
+    let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{spawner}/fd"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .collect();
+    fds.sort();
+    assert!(fds.iter().all(|&fd| fd <= 3) && fds.contains(&3), "{fds:?}");
+    // A pooled v1 cgroup was entered and left by the spawner, not by us.
+    if pooled_v1(&fx) {
+        assert_eq!(
+            std::fs::read_to_string(format!("/proc/{spawner}/cgroup")).unwrap(),
+            std::fs::read_to_string("/proc/self/cgroup").unwrap()
+        );
+    }
+
+    // Seen while it runs: init's name and parent.
+    let spec = fx.spec("sleep 1.5; echo again");
+    let check = async {
+        let init = init_of("sleep\x001.5\x00").await;
+        (
+            std::fs::read_to_string(format!("/proc/{init}/comm")).unwrap(),
+            proc_status(init, "PPid"),
+        )
+    };
+    let (out, (comm, parent)) = tokio::join!(fx.sandbox.run(&spec, b""), check);
+    assert_eq!(out.unwrap().stdout, b"again\n");
+    assert_eq!(comm.trim(), "fnrun-spawner");
+    assert_eq!(parent.as_deref(), Some(me.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_spawner_init_is_cloned_here() {
+    let fx = Fixture::with(|c| c.spawner = false);
+    let spec = fx.spec("sleep 1.75; echo here");
+    let check = async {
+        let init = init_of("sleep\x001.75\x00").await;
+        std::fs::read_to_string(format!("/proc/{init}/comm")).unwrap()
+    };
+    let (out, comm) = tokio::join!(fx.sandbox.run(&spec, b""), check);
+    assert_eq!(out.unwrap().stdout, b"here\n");
+    assert_ne!(comm.trim(), "fnrun-spawner");
+    assert_eq!(fx.sandbox.spawner_pid(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_spawner_is_replaced_and_runs_go_on() {
+    let fx = Fixture::new();
+    assert_eq!(fx.sh("echo one").await.stdout, b"one\n");
+    let first = fx.sandbox.spawner_pid().expect("a spawner runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Reaped by its thread, then noticed at the next run.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fx.sandbox.spawner_pid() == Some(first) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(fx.sandbox.spawner_pid(), None);
+    assert_eq!(fx.sh("echo two").await.stdout, b"two\n");
+    let second = fx.sandbox.spawner_pid().expect("a new spawner");
+    assert_ne!(second, first);
+    // Gone but maybe not reaped yet: the next run finds its socket closed, or
+    // the reaped flag, and starts another either way.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proc_status(second, "State").is_some_and(|s| !s.starts_with('Z'))
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(fx.sh("echo three").await.stdout, b"three\n");
+    assert!(!matches!(fx.sandbox.spawner_pid(), Some(p) if p == second));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_too_large_for_the_spawner_is_cloned_here() {
+    let fx = Fixture::new();
+    // Three variables of 100 KiB (one string may have at most 128 KiB).
+    let mut spec = fx.spec("echo ${#A}${#B}${#C}");
+    for name in ["A", "B", "C"] {
+        spec.env.push(format!("{name}={}", "x".repeat(100 << 10)));
+    }
+    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    assert_eq!(out.status, Status::Exited(0));
+    assert_eq!(out.stdout, b"102400102400102400\n");
+}

@@ -365,12 +365,33 @@ fn marked_processes() -> Vec<(u32, String)> {
         .collect()
 }
 
+/// Whether `pid` is the daemon's spawner: its child named `fnrun-spawner`
+/// in the daemon's own PID namespace (the inits it clones are in new ones).
+fn is_spawner(pid: u32, daemon_pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    field("Name:") == ["fnrun-spawner"]
+        && field("PPid:") == [daemon_pid.to_string().as_str()]
+        && field("NSpid:").len() == 1
+}
+
 /// Processes that are clones of the daemon (sandbox inits have its command
-/// line) and children of the daemon.
+/// line) and children of the daemon, but for one spawner (which stays).
 fn daemon_offspring(daemon_pid: u32, daemon_cmdline: &[String]) -> Vec<(u32, String)> {
     let mut found = BTreeMap::new();
+    let mut spawner_seen = false;
     for pid in all_pids() {
         if pid == daemon_pid {
+            continue;
+        }
+        if !spawner_seen && is_spawner(pid, daemon_pid) {
+            spawner_seen = true;
             continue;
         }
         if cmdline_args(pid).as_deref() == Some(daemon_cmdline) {
@@ -382,9 +403,11 @@ fn daemon_offspring(daemon_pid: u32, daemon_cmdline: &[String]) -> Vec<(u32, Str
             let children =
                 std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                let stat =
-                    std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-                found.insert(child, format!("a child of the daemon: {}", stat.trim()));
+                if found.contains_key(&child) || !is_spawner(child, daemon_pid) {
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+                    found.insert(child, format!("a child of the daemon: {}", stat.trim()));
+                }
             }
         }
     }

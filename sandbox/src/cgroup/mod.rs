@@ -187,6 +187,14 @@ pub trait RunCgroup: fmt::Debug + Send {
     fn leave(&self) -> Result<()> {
         Ok(())
     }
+    /// [`Self::enter`] and [`Self::leave`] for another process, the spawner
+    /// (which shares this process's cgroups): the files it writes `"0"` to.
+    /// `None` when this cgroup does not place init that way.
+    fn thread_move(&self) -> Result<Option<crate::spawner::ThreadMove>> {
+        Ok(None)
+    }
+    /// The spawner's move into or out of this cgroup failed: it is not reused.
+    fn thread_move_failed(&self) {}
     /// Called with the sandbox's init `pid`, before init is released:
     /// moves it (all its threads) into the cgroup unless `placed` (by clone)
     /// and applies whatever limits are still to apply.

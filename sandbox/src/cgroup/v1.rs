@@ -632,6 +632,33 @@ impl RunCgroup for PooledRun {
         self.go_home().inspect_err(|_| self.spoil())
     }
 
+    fn thread_move(&self) -> Result<Option<crate::spawner::ThreadMove>> {
+        let cgroups = self.cgroups();
+        let mut enter = Vec::with_capacity(cgroups.dirs.len());
+        for d in &cgroups.dirs {
+            let tasks = d.dir.join("tasks");
+            match cgroups.fs.open_write(&tasks) {
+                Ok(f) => enter.push(f),
+                Err(e) => {
+                    self.spoil();
+                    return Err(e).wrap("open", &tasks);
+                }
+            }
+        }
+        let leave = self
+            .pool
+            .home
+            .iter()
+            .take(enter.len())
+            .map(std::os::fd::AsRawFd::as_raw_fd)
+            .collect();
+        Ok(Some(crate::spawner::ThreadMove { enter, leave }))
+    }
+
+    fn thread_move_failed(&self) {
+        self.spoil();
+    }
+
     fn admit(&mut self, pid: libc::pid_t, placed: bool) -> Result<()> {
         let limits = self.limits;
         let slot = self.slot.as_mut().expect("a slot until removed");
