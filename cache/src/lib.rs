@@ -577,12 +577,19 @@ impl Cache {
         // Layers are compressed and an archive holds little else: twice the unpacked
         // limit bounds what an honest archive of one image needs.
         let limit = self.inner.config.max_image_bytes.saturating_mul(2);
-        let (a, d) = (archive.to_owned(), dest.clone());
-        blocking(move || Ok(layout::extract_archive(&a, &d, limit)?)).await?;
-        Ok(Extracted {
-            path: dest,
-            removed: false,
+        let archive = archive.to_owned();
+        // The guard is made where the extraction runs: if this future is dropped
+        // meanwhile, the extraction still finishes, and its result (the guard),
+        // which nobody takes, removes what it extracted.
+        blocking(move || {
+            let extracted = Extracted {
+                path: dest,
+                removed: false,
+            };
+            layout::extract_archive(&archive, &extracted.path, limit)?;
+            Ok(extracted)
         })
+        .await
     }
 
     async fn get_registry(

@@ -133,6 +133,20 @@ fn write_layout(layout: &Path, layers: &[Vec<u8>], tag: &str, multi: bool) -> Te
     }
 }
 
+/// `len` bytes that do not compress.
+fn noise(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
 fn cache_at(root: &Path) -> Cache {
     Cache::open(CacheConfig::new(root)).unwrap()
 }
@@ -953,3 +967,47 @@ async fn registry_basic_auth() {
 }
 
 mod registry;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_of_an_archive_dropped_while_extracting_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    // A layer that takes a while to extract.
+    let big = TarBuilder::new()
+        .add(Member::File(b"big", &noise(16 << 20), 0o644))
+        .tar();
+    write_layout(&layout, &[big], "v1", false);
+    let archive = tmp.path().join("image.tar");
+    let mut tar = tar::Builder::new(std::fs::File::create(&archive).unwrap());
+    tar.append_dir_all(".", &layout).unwrap();
+    tar.into_inner().unwrap();
+
+    let cache = cache_at(&tmp.path().join("cache"));
+    let r = cache
+        .parse_reference(&format!("oci-archive:{}:v1", archive.display()))
+        .unwrap();
+    let session = cache.inner.store.tmp_path("x").parent().unwrap().to_owned();
+    let extracting = async {
+        while !std::fs::read_dir(&session).is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("oci-archive")))
+        }) {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+    };
+    // The pull is dropped once its extraction has started.
+    tokio::select! {
+        _ = cache.get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous) => {
+            panic!("the pull ended before it could be dropped")
+        }
+        () = extracting => {}
+    }
+    // The extraction finishes on its own, and nobody takes its result: it is removed.
+    assert_eq!(session_files(&cache), 0);
+    // And the image can be pulled afterwards.
+    let image = cache
+        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .await
+        .unwrap();
+    assert_eq!(image.layers.len(), 1);
+    assert_eq!(session_files(&cache), 0);
+}

@@ -614,20 +614,6 @@ impl PullProgress for Recorder {
     }
 }
 
-/// `len` bytes that do not compress.
-fn noise(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pull_progress_reports_every_layer_to_its_end() {
     let tmp = tempfile::tempdir().unwrap();
