@@ -297,6 +297,8 @@ pub fn build_runner(
     sandbox_config.max_output_bytes = usize::try_from(sandbox.max_output_bytes)
         .map_err(|_| anyhow::anyhow!("--max-output-bytes is too large"))?;
     sandbox_config.best_effort_limits = sandbox.best_effort_limits;
+    // This binary, which serves as the spawner when exec'd as one (see `main`).
+    sandbox_config.spawner_exe = Some(std::path::PathBuf::from("/proc/self/exe"));
     if sandbox.seccomp_unconfined {
         sandbox_config.seccomp = None;
     } else if let Some(path) = &sandbox.seccomp_profile {

@@ -44,6 +44,9 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_TIMEOUT: u8 = 124;
 
 fn main() -> ExitCode {
+    // The daemon execs this binary as its spawner (`fnrun_sandbox`'s process that
+    // clones each run's init): then it serves as that and never returns.
+    fnrun_sandbox::run_spawner_if_asked();
     let cli = Cli::parse();
     // rustls uses ring, the only crypto provider linked; install it before any
     // TLS (registries, TCP listeners) is set up.

@@ -41,6 +41,13 @@ pub use crate::child::{ExecStage, Step};
 pub use crate::idmap::IdMap;
 pub use crate::limits::{Enforcement, LimitSupport, Limits};
 
+/// Serves as the sandbox's spawner process if this process was started as one
+/// (see [`SandboxConfig::spawner_exe`]), and never returns then; returns at
+/// once otherwise. Call it first thing in `main`.
+pub fn run_spawner_if_asked() {
+    spawner::run_if_asked();
+}
+
 /// Network access of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Network {
@@ -86,6 +93,12 @@ pub struct SandboxConfig {
     /// run) instead of from this process: the daemon's memory is then never
     /// write-protected for a clone (see `spawner.rs`).
     pub spawner: bool,
+    /// The binary exec'd as the spawner, once: a fresh process whose small
+    /// address space makes each clone cheaper than from a fork of this one.
+    /// It must call [`run_spawner_if_asked`] first thing in `main`. `None`
+    /// forks the spawner from this process without exec (as in tests, whose
+    /// binary has no such `main`).
+    pub spawner_exe: Option<PathBuf>,
 }
 
 impl SandboxConfig {
@@ -105,6 +118,7 @@ impl SandboxConfig {
             best_effort_limits: false,
             cgroup: CgroupConfig::default(),
             spawner: true,
+            spawner_exe: None,
         }
     }
 }
@@ -266,7 +280,7 @@ impl Sandbox {
         let limiter = limits::Limiter::new(&config.cgroup);
         let spawner = config
             .spawner
-            .then(|| spawner::Spawner::new(config.seccomp.clone()));
+            .then(|| spawner::Spawner::new(config.seccomp.clone(), config.spawner_exe.clone()));
         Ok(Sandbox {
             config,
             last_cap,

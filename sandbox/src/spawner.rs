@@ -31,6 +31,8 @@
 use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 
@@ -97,6 +99,8 @@ const MAX_RESTARTS: u32 = 16;
 pub(crate) struct Spawner {
     state: Mutex<State>,
     seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>,
+    /// The binary exec'd as the spawner; forked without exec when `None`.
+    exe: Option<PathBuf>,
 }
 
 #[derive(Default)]
@@ -146,11 +150,16 @@ impl Drop for Live {
 
 impl Spawner {
     /// A spawner for plans whose seccomp program is `seccomp` (every plan of a
-    /// sandbox has the same, so it is not sent). Started at the first spawn.
-    pub(crate) fn new(seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>) -> Self {
+    /// sandbox has the same: it is sent once, not with each plan), exec'd from
+    /// `exe` or forked. Started at the first spawn.
+    pub(crate) fn new(
+        seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>,
+        exe: Option<PathBuf>,
+    ) -> Self {
         Spawner {
             state: Mutex::new(State::default()),
             seccomp,
+            exe,
         }
     }
 
@@ -220,7 +229,7 @@ impl Spawner {
                     return Ok(None);
                 }
                 state.started += 1;
-                match start(self.seccomp.clone()) {
+                match start(self.seccomp.as_deref(), self.exe.as_deref()) {
                     Ok(l) => state.live = Some(l),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot start the spawner; cloning from the daemon");
@@ -319,7 +328,7 @@ fn receive(sock: RawFd) -> Result<Result<(libc::pid_t, OwnedFd, bool), Failed>, 
 
 /// Forks the spawner from a new thread, which then waits for it and stays until
 /// the returned [`Live`] is dropped.
-fn start(seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>) -> std::io::Result<Live> {
+fn start(seccomp: Option<&fnrun_seccomp::BpfProgram>, exe: Option<&Path>) -> std::io::Result<Live> {
     let (ours, theirs) = socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -337,16 +346,33 @@ fn start(seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>) -> std::io::Result<Liv
     let dead = Arc::new(AtomicBool::new(false));
     let dead_thread = dead.clone();
     let parent = std::process::id() as libc::pid_t;
+    // The exec's arguments, made before the fork.
+    let exec = match exe {
+        Some(exe) => Some((
+            CString::new(exe.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::other("the spawner's path has a NUL byte"))?,
+            [
+                c"fnrun-spawner".to_owned(),
+                CString::new(SPAWNER_ARG).expect("no NUL"),
+                CString::new(parent.to_string()).expect("no NUL"),
+            ],
+        )),
+        None => None,
+    };
     std::thread::Builder::new()
         .name("fnrun-spawner".into())
         .spawn(move || {
             let sock = theirs.as_raw_fd();
             // SAFETY: glibc's fork(2): its at-fork handlers leave malloc usable in
-            // the child, which runs only `serve` (system calls and allocation)
-            // and never returns.
+            // the child, which execs the spawner, or if that fails (or there is
+            // no binary to exec) runs `serve` (system calls and allocation), and
+            // never returns.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
-                serve(sock, parent, seccomp);
+                if let Some((path, args)) = &exec {
+                    exec_spawner(sock, path, args);
+                }
+                serve(sock, parent);
             }
             drop(theirs);
             if pid < 0 {
@@ -382,17 +408,99 @@ fn start(seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>) -> std::io::Result<Liv
     let (pid, pidfd) = pid_rx
         .recv()
         .map_err(|_| std::io::Error::other("the spawner thread ended"))??;
-    Ok(Live {
+    let live = Live {
         sock: ours,
         pid,
         pidfd,
         dead,
         release: Some(release_tx),
-    })
+    };
+    let hello = encode_hello(seccomp);
+    sendmsg::<()>(
+        live.sock.as_raw_fd(),
+        &[IoSlice::new(&hello)],
+        &[],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    Ok(live)
+}
+
+/// In the forked child: the spawner binary, with the socket at descriptor 3. Returns
+/// only if the exec failed (the child then serves as it is).
+fn exec_spawner(sock: RawFd, path: &CString, args: &[CString; 3]) {
+    let argv = [
+        args[0].as_ptr(),
+        args[1].as_ptr(),
+        args[2].as_ptr(),
+        std::ptr::null(),
+    ];
+    let envp = [std::ptr::null::<libc::c_char>()];
+    // SAFETY: dup2(2)/fcntl(2) on our descriptors and execve(2) with
+    // NULL-terminated arrays of C strings made before the fork.
+    unsafe {
+        if sock == 3 {
+            libc::fcntl(3, libc::F_SETFD, 0);
+        } else if libc::dup2(sock, 3) < 0 {
+            return;
+        }
+        libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+    }
+}
+
+/// The argument that makes a binary the spawner (see [`run_if_asked`]).
+pub const SPAWNER_ARG: &str = "__fnrun-spawner";
+
+/// Serves as the spawner if this process was exec'd as one; returns otherwise.
+/// A binary named in [`crate::SandboxConfig::spawner_exe`] calls it first thing in
+/// `main`, before any thread starts.
+pub fn run_if_asked() {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() != Some(std::ffi::OsStr::new(SPAWNER_ARG)) {
+        return;
+    }
+    let parent = args
+        .next()
+        .and_then(|a| a.to_str()?.parse().ok())
+        .unwrap_or(-1);
+    serve(3, parent);
+}
+
+/// The first message to a spawner: the seccomp program of every plan.
+fn encode_hello(seccomp: Option<&fnrun_seccomp::BpfProgram>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut w = Writer(&mut out);
+    w.u8(u8::from(seccomp.is_some()));
+    let program = seccomp.map_or(&[][..], Vec::as_slice);
+    w.u32(program.len() as u32);
+    for f in program {
+        w.0.extend_from_slice(&f.code.to_ne_bytes());
+        w.u8(f.jt);
+        w.u8(f.jf);
+        w.u32(f.k);
+    }
+    out
+}
+
+fn decode_hello(bytes: &[u8]) -> Option<Option<fnrun_seccomp::BpfProgram>> {
+    let mut r = Reader(bytes);
+    let has = r.u8()? != 0;
+    let n = r.u32()? as usize;
+    if n > bytes.len() / 8 {
+        return None;
+    }
+    let mut program = Vec::with_capacity(n);
+    for _ in 0..n {
+        let code = u16::from_ne_bytes(r.take(2)?.try_into().ok()?);
+        let (jt, jf) = (r.u8()?, r.u8()?);
+        let k = r.u32()?;
+        program.push(fnrun_seccomp::sock_filter { code, jt, jf, k });
+    }
+    (r.0.is_empty() && (has || n == 0)).then(|| has.then_some(program))
 }
 
 /// The spawner's main loop. Never returns.
-fn serve(sock: RawFd, parent: libc::pid_t, seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>) -> ! {
+fn serve(sock: RawFd, parent: libc::pid_t) -> ! {
     // Killed when the forking thread ends; it may already have.
     if sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong).is_err()
         // SAFETY: getppid(2) has no preconditions.
@@ -436,8 +544,27 @@ fn serve(sock: RawFd, parent: libc::pid_t, seccomp: Option<Arc<fnrun_seccomp::Bp
             libc::close(null);
         }
     }
+    // The name the inits it clones carry too, exec'd or forked.
+    // SAFETY: PR_SET_NAME with a NUL-terminated string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"fnrun-spawner".as_ptr()) };
     let mut buf = vec![0u8; MAX_REQUEST];
     let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    // First the hello: the seccomp program of every plan.
+    let seccomp = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(3, &mut iov, None, MsgFlags::empty()) {
+            Ok(msg) if msg.bytes > 0 => {
+                let n = msg.bytes;
+                match decode_hello(&buf[..n]) {
+                    Some(program) => break program.map(Arc::new),
+                    None => sys::exit(1),
+                }
+            }
+            Ok(_) => sys::exit(0),
+            Err(Errno::EINTR) => continue,
+            Err(_) => sys::exit(1),
+        }
+    };
     loop {
         let (n, fds) = {
             let mut iov = [IoSliceMut::new(&mut buf)];
@@ -830,6 +957,24 @@ mod tests {
 
     fn c(s: &str) -> CString {
         CString::new(s).unwrap()
+    }
+
+    #[test]
+    fn the_hello_carries_the_seccomp_program() {
+        let program = fnrun_seccomp::default_program().unwrap();
+        let bytes = encode_hello(Some(&program));
+        let back = decode_hello(&bytes).unwrap().unwrap();
+        assert_eq!(back.len(), program.len());
+        for (a, b) in back.iter().zip(&program) {
+            assert_eq!((a.code, a.jt, a.jf, a.k), (b.code, b.jt, b.jf, b.k));
+        }
+        assert!(decode_hello(&encode_hello(None)).unwrap().is_none());
+        for n in 0..bytes.len() {
+            assert!(decode_hello(&bytes[..n]).is_none(), "{n}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode_hello(&longer).is_none());
     }
 
     #[test]

@@ -297,3 +297,85 @@ async fn a_queued_call_honours_the_client_deadline() {
         "a run was left behind"
     );
 }
+
+/// The daemon's spawners: its children named `fnrun-spawner` in its own PID
+/// namespace (the inits they clone are in new ones).
+fn spawners_of(daemon: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        if field("Name:") == ["fnrun-spawner"]
+            && field("PPid:") == [daemon.to_string().as_str()]
+            && field("NSpid:").len() == 1
+            && field("State:").first().is_none_or(|s| *s != "Z")
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn inits_come_from_an_execed_spawner_which_is_replaced_when_killed() {
+    let registry = Registry::start().expect("registry starts");
+    let echo = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
+    let pid = daemon.pid().expect("running");
+    let mut client = daemon.client().await.expect("connects");
+    client::run_function(&mut client, Run::new(&echo, SAMPLE).build())
+        .await
+        .expect("runs");
+    let spawners = spawners_of(pid);
+    assert_eq!(spawners.len(), 1, "{spawners:?}");
+    let first = spawners[0];
+    // A fresh image of the fnrun binary, not a fork of the daemon.
+    let cmdline = std::fs::read(format!("/proc/{first}/cmdline")).unwrap();
+    let args: Vec<&[u8]> = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .collect();
+    assert_eq!(
+        args,
+        [
+            &b"fnrun-spawner"[..],
+            b"__fnrun-spawner",
+            pid.to_string().as_bytes()
+        ]
+    );
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{first}/exe")).unwrap(),
+        std::fs::read_link(format!("/proc/{pid}/exe")).unwrap()
+    );
+
+    // Killed, it is replaced at the next run, which works.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let start = Instant::now();
+    while spawners_of(pid).contains(&first) {
+        assert!(start.elapsed() < Duration::from_secs(10), "not reaped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client::run_function(&mut client, Run::new(&echo, SAMPLE).build())
+        .await
+        .expect("runs after the spawner died");
+    let spawners = spawners_of(pid);
+    assert_eq!(spawners.len(), 1, "{spawners:?}");
+    assert_ne!(spawners[0], first);
+}
