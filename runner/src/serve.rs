@@ -23,6 +23,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
+    // Before anything listens: a SIGTERM or SIGINT that comes as soon as the
+    // socket exists must stop the daemon gracefully, not be lost (an inherited
+    // SIG_IGN, as in a non-interactive shell's background job) or kill it.
+    let signals = Signals::install()?;
     let addrs: Vec<ListenAddr> = args
         .listen
         .iter()
@@ -103,7 +107,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         });
     }
 
-    let signal = wait_for_signal().await?;
+    let signal = signals.first().await;
     tracing::info!(signal, "shutting down: draining in-flight runs");
     health_reporter
         .set_not_serving::<ContainerizedFunctionRunnerServiceServer<FunctionRunnerService>>()
@@ -156,12 +160,26 @@ fn tls_config(args: &ServeArgs) -> anyhow::Result<Option<ServerTlsConfig>> {
     Ok(Some(config))
 }
 
-async fn wait_for_signal() -> anyhow::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// The handlers of the signals that stop the daemon.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("install SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("install SIGINT handler")?,
+        })
+    }
+
+    /// The name of the first of them that arrives (or arrived since `install`).
+    async fn first(mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }

@@ -56,3 +56,51 @@ async fn in_flight_run_finishes_during_shutdown() {
     assert!(status.success(), "{status}");
     assert!(daemon.socket().probe().is_err(), "no longer accepting");
 }
+
+#[test]
+fn a_signal_as_soon_as_the_socket_exists_stops_the_daemon_gracefully() {
+    use std::os::unix::process::CommandExt;
+    use std::time::Instant;
+
+    // As in a non-interactive shell's background job, the daemon starts with
+    // SIGINT ignored; the handler it installs must already be there when its
+    // socket appears.
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("fnrun.sock");
+        let mut cmd = std::process::Command::new(fnrun_tests::fnrun_bin());
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .env("RUST_LOG", "off")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        fnrun_tests::process::die_with_parent(&mut cmd);
+        // SAFETY: signal(2) with SIG_IGN in the child before exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::signal::signal(Signal::SIGINT, nix::sys::signal::SigHandler::SigIgn)?;
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("fnrun serve starts");
+        let start = Instant::now();
+        while !socket.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "round {round}: no socket"
+            );
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        fnrun_tests::process::signal(&child, Signal::SIGINT);
+        let status = fnrun_tests::process::wait_timeout(&mut child, SHUTDOWN_GRACE);
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let status = status.unwrap_or_else(|| panic!("round {round}: SIGINT was lost"));
+        assert!(status.success(), "round {round}: {status}");
+    }
+}
