@@ -4,22 +4,27 @@
 //! write-protects all its private memory. Every page a daemon thread writes
 //! afterwards takes a copy-on-write fault, with a TLB shootdown to each CPU
 //! running another daemon thread. Under load, that was about a fifth of all CPU
-//! time (`docs/benchmarks.md`). The spawner is forked once and is single-threaded,
-//! and it writes almost nothing, so the daemon no longer takes those faults, and
-//! the spawner's own faults need no shootdowns.
+//! time (`docs/benchmarks.md`). The spawner is started once and is
+//! single-threaded, and it writes almost nothing, so the daemon no longer takes
+//! those faults, and the spawner's own faults need no shootdowns.
 //!
-//! - **Forked once, from a thread of its own.** The fork is glibc's `fork()`, which
-//!   leaves malloc usable in the child of a threaded process. The child does only
-//!   system calls, plus allocation to decode requests. The forking thread waits for
-//!   the spawner, then stays until the [`Spawner`] is dropped, because init's
-//!   parent-death signal is tied to it (next point).
+//! - **Started once, from a thread of its own.** The thread forks with glibc's
+//!   `fork()`, which leaves malloc usable in the child of a threaded process.
+//!   With a binary to exec ([`crate::SandboxConfig::spawner_exe`]), the child
+//!   execs it, and [`run_if_asked`] in its `main` serves. Then the spawner's
+//!   address space, which every clone copies, is its own small one. Without,
+//!   the forked child serves as it is, doing only system calls, plus allocation
+//!   to decode requests. The forking thread waits for the spawner, then stays
+//!   until the [`Spawner`] is dropped, because init's parent-death signal is
+//!   tied to it (next point).
 //! - **Init's parent is the daemon.** The spawner clones init with `CLONE_PARENT`,
 //!   so the daemon reaps init through its pidfd as before. Init's parent-death
 //!   signal fires when that forking thread ends, when the sandbox is dropped or the
 //!   daemon dies. The spawner itself exits when the daemon's end of its socket
 //!   closes, and it is killed when that thread ends.
-//! - **One request at a time.** A request is one `SOCK_SEQPACKET` message: the
-//!   encoded [`Plan`] with, by `SCM_RIGHTS`, init's five pipe ends and the cgroup
+//! - **One request at a time.** The first message carries the seccomp program of
+//!   every plan. Then a request is one `SOCK_SEQPACKET` message: the encoded
+//!   [`Plan`] with, by `SCM_RIGHTS`, init's five pipe ends and the cgroup
 //!   descriptors. The spawner moves itself into a pooled v1 cgroup by its `tasks`
 //!   files and back, or gives a v2 cgroup to `CLONE_INTO_CGROUP`. The reply
 //!   carries the pid, whether init was placed, and the pidfd.

@@ -150,3 +150,33 @@ pub fn run_capture(cmd: &mut Command, stdin: Option<&[u8]>, timeout: Duration) -
         timed_out,
     }
 }
+
+/// Whether `pid` is a spawner of the daemon `daemon_pid`: its live child named
+/// `fnrun-spawner` in the daemon's own PID namespace (the inits a spawner
+/// clones have the same name but are in new PID namespaces).
+pub fn is_spawner(pid: u32, daemon_pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    field("Name:") == ["fnrun-spawner"]
+        && field("PPid:") == [daemon_pid.to_string().as_str()]
+        && field("NSpid:").len() == 1
+        && field("State:").first().is_none_or(|s| *s != "Z")
+}
+
+/// The spawners of the daemon `daemon_pid` (see [`is_spawner`]).
+pub fn spawners_of(daemon_pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&pid| is_spawner(pid, daemon_pid))
+        .collect()
+}

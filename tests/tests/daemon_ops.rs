@@ -9,6 +9,7 @@ use fnrun_tests::client::{self, Run};
 use fnrun_tests::daemon::{Daemon, DaemonOpts};
 use fnrun_tests::functionio::{SAMPLE, report_script};
 use fnrun_tests::image::TestImage;
+use fnrun_tests::process::spawners_of;
 use fnrun_tests::registry::{Registry, free_port, http_get};
 use tonic::Code;
 
@@ -296,37 +297,6 @@ async fn a_queued_call_honours_the_client_deadline() {
         sleepers_gone(seconds, Duration::from_secs(10)),
         "a run was left behind"
     );
-}
-
-/// The daemon's spawners: its children named `fnrun-spawner` in its own PID
-/// namespace (the inits they clone are in new ones).
-fn spawners_of(daemon: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.split_whitespace().collect::<Vec<_>>())
-                .unwrap_or_default()
-        };
-        if field("Name:") == ["fnrun-spawner"]
-            && field("PPid:") == [daemon.to_string().as_str()]
-            && field("NSpid:").len() == 1
-            && field("State:").first().is_none_or(|s| *s != "Z")
-        {
-            found.push(pid);
-        }
-    }
-    found
 }
 
 #[tokio::test]

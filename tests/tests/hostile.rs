@@ -34,7 +34,7 @@ use fnrun_tests::daemon::{Daemon, DaemonOpts};
 use fnrun_tests::fnrun_bin;
 use fnrun_tests::functionio::{MINIMAL, SAMPLE, assert_same_yaml, last_message, report_script};
 use fnrun_tests::image::TestImage;
-use fnrun_tests::process::{die_with_parent, run_capture};
+use fnrun_tests::process::{die_with_parent, is_spawner, run_capture};
 use fnrun_tests::registry::Registry;
 use fnrun_tests::user::{TestUser, ensure_test_user, require_root, unprivileged_userns_blocked};
 use tonic::Code;
@@ -363,22 +363,6 @@ fn marked_processes() -> Vec<(u32, String)> {
                 .then(|| (pid, args.join(" ")))
         })
         .collect()
-}
-
-/// Whether `pid` is the daemon's spawner: its child named `fnrun-spawner`
-/// in the daemon's own PID namespace (the inits it clones are in new ones).
-fn is_spawner(pid: u32, daemon_pid: u32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.split_whitespace().collect::<Vec<_>>())
-            .unwrap_or_default()
-    };
-    field("Name:") == ["fnrun-spawner"]
-        && field("PPid:") == [daemon_pid.to_string().as_str()]
-        && field("NSpid:").len() == 1
 }
 
 /// Processes that are clones of the daemon (sandbox inits have its command
