@@ -89,7 +89,7 @@ pub struct SandboxConfig {
     pub best_effort_limits: bool,
     /// Where the cgroups of runs go.
     pub cgroup: CgroupConfig,
-    /// Clone each run's init from a small spawner process (forked at the first
+    /// Clone each run's init from a small spawner process (started at the first
     /// run) instead of from this process: the daemon's memory is then never
     /// write-protected for a clone (see `spawner.rs`).
     pub spawner: bool,
@@ -722,9 +722,11 @@ impl Sandbox {
     }
 }
 
-/// Clones the sandbox's init, which runs the plan. Not async: the raw exec
-/// pointers never live across an await, and the thread that enters a pooled
-/// v1 cgroup to clone init there leaves it before anything else runs on it.
+/// Clones the sandbox's init, which runs the plan: in the `spawner` when there
+/// is one and it takes the plan, else here. Not async: the raw exec pointers
+/// never live across an await, the spawner's reply is a short blocking wait,
+/// and the thread that enters a pooled v1 cgroup to clone init there leaves it
+/// before anything else runs on it.
 ///
 /// Init starts in `cgroup` when that cgroup allows it (see
 /// [`cgroup::RunCgroup`]): by `CLONE_INTO_CGROUP` on v2, which kernels before
