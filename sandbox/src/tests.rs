@@ -958,6 +958,25 @@ fn pooled_v1(fx: &Fixture) -> bool {
         && nix::unistd::geteuid().is_root()
 }
 
+/// The memory, CPU and pids limits of the run of `fx` that is under way, as
+/// its cgroup files hold them.
+async fn busy_limits(fx: &Fixture) -> (String, String, String) {
+    (
+        busy_cgroup_file(fx, "memory", "memory.limit_in_bytes").await,
+        busy_cgroup_file(fx, "cpu", "cpu.cfs_quota_us").await,
+        busy_cgroup_file(fx, "pids", "pids.max").await,
+    )
+}
+
+/// The cgroups of what clones the inits of `fx`: its spawner, or this thread.
+fn cloner_cgroups(fx: &Fixture) -> String {
+    let path = fx.sandbox.spawner_pid().map_or_else(
+        || "/proc/thread-self/cgroup".to_owned(),
+        |pid| format!("/proc/{pid}/cgroup"),
+    );
+    std::fs::read_to_string(path).unwrap()
+}
+
 /// Reads `file` of the one cgroup of `fx` that holds a process, once a run has
 /// put one there.
 async fn busy_cgroup_file(fx: &Fixture, controller: &str, file: &str) -> String {
@@ -995,13 +1014,7 @@ async fn v1_runs_reuse_one_cgroup_with_their_own_limits_and_usage() {
         cpu_millis: Some(1500),
         pids: Some(50),
     };
-    let (first, limits) = tokio::join!(fx.sandbox.run(&spec, b""), async {
-        (
-            busy_cgroup_file(&fx, "memory", "memory.limit_in_bytes").await,
-            busy_cgroup_file(&fx, "cpu", "cpu.cfs_quota_us").await,
-            busy_cgroup_file(&fx, "pids", "pids.max").await,
-        )
-    });
+    let (first, limits) = tokio::join!(fx.sandbox.run(&spec, b""), busy_limits(&fx));
     let first = first.unwrap();
     assert_eq!(
         limits,
@@ -1014,11 +1027,8 @@ async fn v1_runs_reuse_one_cgroup_with_their_own_limits_and_usage() {
         !slots.is_empty(),
         "v1 keeps the run's cgroups for the next run"
     );
-    // The cloning thread went back to its own cgroups.
-    assert_eq!(
-        std::fs::read_to_string("/proc/thread-self/cgroup").unwrap(),
-        home
-    );
+    // The cloning thread (the spawner's) went back to its own cgroups.
+    assert_eq!(cloner_cgroups(&fx), home);
     // An idle slot holds no limit that could hold up the next clone.
     let memory = slots
         .iter()
@@ -1035,13 +1045,7 @@ async fn v1_runs_reuse_one_cgroup_with_their_own_limits_and_usage() {
     // first run's OOM kill and CPU time do not count.
     let mut spec = fx.spec("sleep 0.3; exit 3");
     spec.limits = Limits::default();
-    let (second, limits) = tokio::join!(fx.sandbox.run(&spec, b""), async {
-        (
-            busy_cgroup_file(&fx, "memory", "memory.limit_in_bytes").await,
-            busy_cgroup_file(&fx, "cpu", "cpu.cfs_quota_us").await,
-            busy_cgroup_file(&fx, "pids", "pids.max").await,
-        )
-    });
+    let (second, limits) = tokio::join!(fx.sandbox.run(&spec, b""), busy_limits(&fx));
     let second = second.unwrap();
     assert_eq!(
         cgroups_left(&fx.sandbox),
@@ -1059,10 +1063,7 @@ async fn v1_runs_reuse_one_cgroup_with_their_own_limits_and_usage() {
         "{:?}",
         second.peak_memory_bytes
     );
-    assert_eq!(
-        std::fs::read_to_string("/proc/thread-self/cgroup").unwrap(),
-        home
-    );
+    assert_eq!(cloner_cgroups(&fx), home);
 }
 
 #[test]
