@@ -10,6 +10,9 @@
 
 pub mod functionio;
 pub mod quantity;
+mod yaml;
+
+pub use yaml::{MAX_MESSAGE, MAX_QUOTED, Quoted, YamlError};
 
 /// The generated `apiextensions.fn.proto.v1alpha1` API.
 #[allow(clippy::all, missing_docs)]
@@ -27,4 +30,324 @@ pub mod v1alpha1 {
     /// The fully qualified gRPC service name.
     pub const SERVICE_NAME: &str =
         "apiextensions.fn.proto.v1alpha1.ContainerizedFunctionRunnerService";
+}
+
+/// The generated `apiextensions.fn.proto.v1` API: Crossplane's function API
+/// since v1.14. Proto maps are `BTreeMap`s.
+#[allow(clippy::all, missing_docs)]
+pub mod v1 {
+    include!(concat!(env!("OUT_DIR"), "/apiextensions.r#fn.proto.v1.rs"));
+
+    /// The encoded file descriptor set of this package, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/v1_descriptor.bin"));
+
+    /// The fully qualified gRPC service name.
+    pub const SERVICE_NAME: &str = "apiextensions.fn.proto.v1.FunctionRunnerService";
+}
+
+/// The generated `apiextensions.fn.proto.v1beta1` API: the same messages as
+/// [`v1`] under the package Crossplane v1.14 to v1.16 called first.
+#[allow(clippy::all, missing_docs)]
+pub mod v1beta1 {
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/apiextensions.r#fn.proto.v1beta1.rs"
+    ));
+
+    /// The encoded file descriptor set of this package, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/v1beta1_descriptor.bin"));
+
+    /// The fully qualified gRPC service name.
+    pub const SERVICE_NAME: &str = "apiextensions.fn.proto.v1beta1.FunctionRunnerService";
+}
+
+/// The generated `evaluator` API: Porch's function evaluator.
+#[allow(clippy::all, missing_docs)]
+pub mod evaluator {
+    include!(concat!(env!("OUT_DIR"), "/evaluator.rs"));
+
+    /// The encoded file descriptor set of this package, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/evaluator_descriptor.bin"));
+
+    /// The fully qualified gRPC service name.
+    pub const SERVICE_NAME: &str = "evaluator.FunctionEvaluator";
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+    use prost_types::{FileDescriptorSet, field_descriptor_proto::Type};
+
+    use super::*;
+
+    /// A v1 request with every field set.
+    fn full_v1_request() -> v1::RunFunctionRequest {
+        let object = |kind: &str| prost_types::Struct {
+            fields: [(
+                "kind".to_owned(),
+                prost_types::Value {
+                    kind: Some(prost_types::value::Kind::StringValue(kind.to_owned())),
+                },
+            )]
+            .into(),
+        };
+        let resource = |kind: &str| v1::Resource {
+            resource: Some(object(kind)),
+            connection_details: [("password".to_owned(), b"s3cr3t".to_vec())].into(),
+            ready: v1::Ready::True.into(),
+        };
+        let state = v1::State {
+            composite: Some(resource("XDatabase")),
+            resources: [("db".to_owned(), resource("Instance"))].into(),
+        };
+        #[allow(deprecated)]
+        v1::RunFunctionRequest {
+            meta: Some(v1::RequestMeta {
+                tag: "tag".to_owned(),
+                capabilities: vec![
+                    v1::Capability::Capabilities.into(),
+                    v1::Capability::RequiredSchemas.into(),
+                ],
+            }),
+            observed: Some(state.clone()),
+            desired: Some(state),
+            input: Some(object("Input")),
+            context: Some(object("Context")),
+            extra_resources: [(
+                "extra".to_owned(),
+                v1::Resources {
+                    items: vec![resource("Extra")],
+                },
+            )]
+            .into(),
+            credentials: [(
+                "creds".to_owned(),
+                v1::Credentials {
+                    source: Some(v1::credentials::Source::CredentialData(
+                        v1::CredentialData {
+                            data: [("token".to_owned(), b"t".to_vec())].into(),
+                        },
+                    )),
+                },
+            )]
+            .into(),
+            required_resources: [("required".to_owned(), v1::Resources::default())].into(),
+            required_schemas: [(
+                "schema".to_owned(),
+                v1::Schema {
+                    openapi_v3: Some(object("Schema")),
+                },
+            )]
+            .into(),
+        }
+    }
+
+    #[test]
+    fn v1_and_v1beta1_share_one_wire_format() {
+        let v1 = full_v1_request();
+        let bytes = v1.encode_to_vec();
+        let beta = v1beta1::RunFunctionRequest::decode(bytes.as_slice()).unwrap();
+        assert_eq!(beta.encode_to_vec(), bytes);
+        assert_eq!(beta.required_schemas.len(), 1);
+        assert_eq!(
+            beta.credentials["creds"],
+            v1beta1::Credentials {
+                source: Some(v1beta1::credentials::Source::CredentialData(
+                    v1beta1::CredentialData {
+                        data: [("token".to_owned(), b"t".to_vec())].into(),
+                    }
+                )),
+            }
+        );
+    }
+
+    #[test]
+    fn field_numbers_are_crossplanes() {
+        // RequestMeta{tag: "t" (1, bytes), capabilities: [CAPABILITIES,
+        // REQUIRED_SCHEMAS] (2, packed enum)}.
+        let meta = v1::RequestMeta {
+            tag: "t".to_owned(),
+            capabilities: vec![1, 5],
+        };
+        assert_eq!(meta.encode_to_vec(), [0x0a, 1, b't', 0x12, 2, 1, 5]);
+        // ResponseMeta{ttl: 60s} (2, message Duration{seconds: 60}).
+        let meta = v1::ResponseMeta {
+            tag: String::new(),
+            ttl: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 0,
+            }),
+        };
+        assert_eq!(meta.encode_to_vec(), [0x12, 2, 0x08, 60]);
+        // Result{severity: WARNING (1), message: "m" (2), reason: "" (3,
+        // optional: present even when empty), target: COMPOSITE_AND_CLAIM (4)}.
+        let result = v1::Result {
+            severity: v1::Severity::Warning.into(),
+            message: "m".to_owned(),
+            reason: Some(String::new()),
+            target: Some(v1::Target::CompositeAndClaim.into()),
+        };
+        assert_eq!(
+            result.encode_to_vec(),
+            [0x08, 2, 0x12, 1, b'm', 0x1a, 0, 0x20, 2]
+        );
+        // RunFunctionRequest.required_schemas is field 9 (tag 0x4a).
+        let request = v1::RunFunctionRequest {
+            required_schemas: [("s".to_owned(), v1::Schema::default())].into(),
+            ..Default::default()
+        };
+        assert_eq!(request.encode_to_vec(), [0x4a, 3, 0x0a, 1, b's']);
+        // Condition.status uses the STATUS_CONDITION_ values.
+        assert_eq!(
+            v1::Status::from_str_name("STATUS_CONDITION_FALSE"),
+            Some(v1::Status::ConditionFalse)
+        );
+        assert_eq!(v1::Status::ConditionFalse as i32, 3);
+    }
+
+    #[test]
+    fn evaluator_fields_are_porchs() {
+        let request = evaluator::EvaluateFunctionRequest {
+            resource_list: b"x".to_vec(),
+            image: "i".to_owned(),
+            tag: "t".to_owned(),
+        };
+        assert_eq!(
+            request.encode_to_vec(),
+            [0x0a, 1, b'x', 0x12, 1, b'i', 0x1a, 1, b't']
+        );
+        let response = evaluator::EvaluateFunctionResponse {
+            resource_list: b"r".to_vec(),
+            log: b"l".to_vec(),
+        };
+        assert_eq!(response.encode_to_vec(), [0x0a, 1, b'r', 0x12, 1, b'l']);
+    }
+
+    /// The descriptor set of `package`, checked to hold `service` with one
+    /// unary `method` from `input` to `output`.
+    fn check_service(
+        encoded: &[u8],
+        package: &str,
+        service: &str,
+        method: &str,
+        (input, output): (&str, &str),
+    ) -> FileDescriptorSet {
+        let set = FileDescriptorSet::decode(encoded).unwrap();
+        let file = set
+            .file
+            .iter()
+            .find(|f| f.package() == package)
+            .unwrap_or_else(|| panic!("no file of package {package}"));
+        let svc = file.service.iter().find(|s| s.name() == service).unwrap();
+        assert_eq!(svc.method.len(), 1);
+        let m = &svc.method[0];
+        assert_eq!(m.name(), method);
+        assert_eq!(m.input_type(), format!(".{package}.{input}"));
+        assert_eq!(m.output_type(), format!(".{package}.{output}"));
+        assert!(!m.client_streaming() && !m.server_streaming());
+        // Every import is in the set, so reflection can resolve every type.
+        for dep in &file.dependency {
+            assert!(set.file.iter().any(|f| f.name() == dep), "{dep} missing");
+        }
+        set
+    }
+
+    fn field<'a>(
+        set: &'a FileDescriptorSet,
+        message: &str,
+        name: &str,
+    ) -> &'a prost_types::FieldDescriptorProto {
+        set.file
+            .iter()
+            .flat_map(|f| &f.message_type)
+            .find(|m| m.name() == message)
+            .and_then(|m| m.field.iter().find(|f| f.name() == name))
+            .unwrap_or_else(|| panic!("no field {message}.{name}"))
+    }
+
+    #[test]
+    fn descriptor_sets_describe_each_service() {
+        for (encoded, package, service_name) in [
+            (
+                v1::FILE_DESCRIPTOR_SET,
+                "apiextensions.fn.proto.v1",
+                v1::SERVICE_NAME,
+            ),
+            (
+                v1beta1::FILE_DESCRIPTOR_SET,
+                "apiextensions.fn.proto.v1beta1",
+                v1beta1::SERVICE_NAME,
+            ),
+        ] {
+            assert_eq!(service_name, format!("{package}.FunctionRunnerService"));
+            let set = check_service(
+                encoded,
+                package,
+                "FunctionRunnerService",
+                "RunFunction",
+                ("RunFunctionRequest", "RunFunctionResponse"),
+            );
+            let schemas = field(&set, "RunFunctionRequest", "required_schemas");
+            assert_eq!(
+                (schemas.number(), schemas.json_name()),
+                (9, "requiredSchemas")
+            );
+            let extra = field(&set, "RunFunctionRequest", "extra_resources");
+            assert!(extra.options.as_ref().is_some_and(|o| o.deprecated()));
+            let input = field(&set, "RunFunctionRequest", "input");
+            assert!(input.proto3_optional());
+            assert_eq!(input.type_name(), ".google.protobuf.Struct");
+            let details = field(&set, "Resource", "connection_details");
+            assert_eq!((details.number(), details.r#type()), (2, Type::Message));
+            let output = field(&set, "RunFunctionResponse", "output");
+            assert_eq!(output.number(), 7);
+        }
+        assert_eq!(evaluator::SERVICE_NAME, "evaluator.FunctionEvaluator");
+        // The generated servers answer to the names exported here.
+        assert_eq!(
+            v1::function_runner_service_server::SERVICE_NAME,
+            v1::SERVICE_NAME
+        );
+        assert_eq!(
+            v1beta1::function_runner_service_server::SERVICE_NAME,
+            v1beta1::SERVICE_NAME
+        );
+        assert_eq!(
+            evaluator::function_evaluator_server::SERVICE_NAME,
+            evaluator::SERVICE_NAME
+        );
+        let set = check_service(
+            evaluator::FILE_DESCRIPTOR_SET,
+            "evaluator",
+            "FunctionEvaluator",
+            "EvaluateFunction",
+            ("EvaluateFunctionRequest", "EvaluateFunctionResponse"),
+        );
+        let tag = field(&set, "EvaluateFunctionRequest", "Tag");
+        assert_eq!((tag.number(), tag.json_name()), (3, "Tag"));
+        check_service(
+            v1alpha1::FILE_DESCRIPTOR_SET,
+            "apiextensions.fn.proto.v1alpha1",
+            "ContainerizedFunctionRunnerService",
+            "RunFunction",
+            ("RunFunctionRequest", "RunFunctionResponse"),
+        );
+    }
+
+    /// prost drops fields it does not know when it decodes. A message decoded
+    /// and encoded again is not the message that was sent: the function host
+    /// forwards v1 and v1beta1 bytes as they are, and decodes only where it
+    /// must interpret them (FunctionIO mode).
+    #[test]
+    fn decoding_drops_unknown_fields() {
+        let mut bytes = full_v1_request().encode_to_vec();
+        // Field 100, varint 1: a field a newer Crossplane might add.
+        bytes.extend_from_slice(&[0xa0, 0x06, 0x01]);
+        let decoded = v1::RunFunctionRequest::decode(bytes.as_slice()).unwrap();
+        assert_eq!(decoded, full_v1_request());
+        assert_eq!(decoded.encode_to_vec().len(), bytes.len() - 3);
+    }
 }
