@@ -10,6 +10,7 @@
 
 pub mod functionio;
 pub mod quantity;
+pub mod resourcelist;
 mod yaml;
 
 pub use yaml::{MAX_MESSAGE, MAX_QUOTED, Quoted, YamlError};
