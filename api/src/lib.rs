@@ -55,6 +55,10 @@ pub mod v1alpha1 {
 
 /// The generated `apiextensions.fn.proto.v1` API: Crossplane's function API
 /// since v1.14. Proto maps are `BTreeMap`s.
+///
+/// Decoding drops fields these types do not know (a newer Crossplane's): a
+/// message that is forwarded is forwarded as the bytes it came as, and
+/// decoded only where fnrun must interpret it.
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/apiextensions.r#fn.proto.v1.rs"));
