@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 
+use crate::yaml::{DocumentError, Quoted, YamlError, parse_mapping};
+
 /// The `apiVersion` a FunctionIO may carry.
 pub const API_VERSION: &str = "apiextensions.crossplane.io/v1alpha1";
 /// The `kind` a FunctionIO may carry.
@@ -148,18 +150,28 @@ pub enum Error {
     #[error("document is not a YAML mapping but a {0}")]
     NotAMapping(&'static str),
     /// The document is not valid YAML, or a field has the wrong shape.
-    #[error("{0}")]
-    Yaml(#[from] serde_norway::Error),
+    #[error(transparent)]
+    Yaml(#[from] YamlError),
     /// `apiVersion` or `kind` is present with a wrong value.
-    #[error("{field} is {found:?}, expected {expected:?}")]
+    #[error("{field} is {found}, expected {expected:?}")]
     WrongType {
         /// `apiVersion` or `kind`.
         field: &'static str,
-        /// The value found.
-        found: String,
+        /// The value found, quoted and cut short.
+        found: Quoted,
         /// The only value allowed.
         expected: &'static str,
     },
+}
+
+impl From<DocumentError> for Error {
+    fn from(err: DocumentError) -> Self {
+        match err {
+            DocumentError::Empty => Self::Empty,
+            DocumentError::Yaml(err) => Self::Yaml(err),
+            DocumentError::NotAMapping(kind) => Self::NotAMapping(kind),
+        }
+    }
 }
 
 /// Parses and checks a FunctionIO document.
@@ -168,23 +180,9 @@ pub enum Error {
 /// Crossplane's FunctionIO; unknown fields are ignored. `apiVersion` and `kind`
 /// are optional but must be right when present.
 pub fn validate(doc: &[u8]) -> Result<FunctionIo, Error> {
-    if doc.iter().all(u8::is_ascii_whitespace) {
-        return Err(Error::Empty);
-    }
-    let value: Value = serde_norway::from_slice(doc)?;
-    let kind = match &value {
-        Value::Mapping(_) => None,
-        Value::Null => Some("null"),
-        Value::Bool(_) => Some("boolean"),
-        Value::Number(_) => Some("number"),
-        Value::String(_) => Some("string"),
-        Value::Sequence(_) => Some("sequence"),
-        Value::Tagged(_) => Some("tagged value"),
-    };
-    if let Some(kind) = kind {
-        return Err(Error::NotAMapping(kind));
-    }
-    let io: FunctionIo = serde_norway::from_value(value)?;
+    let mapping = parse_mapping(doc)?;
+    let io: FunctionIo =
+        serde_norway::from_value(Value::Mapping(mapping)).map_err(YamlError::from)?;
     check_type_meta("apiVersion", io.api_version.as_deref(), API_VERSION)?;
     check_type_meta("kind", io.kind.as_deref(), KIND)?;
     Ok(io)
@@ -198,7 +196,7 @@ fn check_type_meta(
     match found {
         Some(found) if found != expected => Err(Error::WrongType {
             field,
-            found: found.to_owned(),
+            found: Quoted::new(found),
             expected,
         }),
         _ => Ok(()),
@@ -274,6 +272,19 @@ mod tests {
         }
         doc.push_str("config: {x: *a11}\n");
         assert!(validate(doc.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn errors_quote_at_most_a_few_hundred_bytes() {
+        let huge = "x".repeat(1 << 20);
+        for doc in [
+            format!("kind: {huge}"),
+            format!("results: \"{huge}\""),
+            format!("observed: {{composite: \"{huge}\"}}"),
+        ] {
+            let err = validate(doc.as_bytes()).unwrap_err().to_string();
+            assert!(err.len() < 2048, "{} bytes: {}", err.len(), &err[..100]);
+        }
     }
 
     #[test]
