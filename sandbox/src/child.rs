@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use nix::errno::Errno;
 
+use crate::overlay::Overlay;
 use crate::sys;
 
 /// One step of building the root filesystem, run by init in order.
@@ -70,6 +71,8 @@ pub enum Step {
     RemountReadOnly { path: CString },
     /// Starts a new session (and process group) without a controlling terminal.
     NewSession,
+    /// Mounts the overlay root (see [`crate::overlay`]).
+    Overlay(Box<Overlay>),
 }
 
 impl Step {
@@ -103,6 +106,7 @@ impl Step {
             Step::BindReadOnly { path } => format!("bind {} read-only", s(path)),
             Step::RemountReadOnly { path } => format!("remount {} read-only", s(path)),
             Step::NewSession => "start a new session".to_owned(),
+            Step::Overlay(o) => format!("mount overlay on {}", s(&o.target)),
         }
     }
 
@@ -156,6 +160,7 @@ impl Step {
             }
             Step::RemountReadOnly { path } => remount_read_only(path),
             Step::NewSession => sys::setsid(),
+            Step::Overlay(o) => crate::overlay::mount(o),
         }
     }
 }

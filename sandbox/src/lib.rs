@@ -20,6 +20,7 @@ pub mod cgroup;
 mod child;
 mod idmap;
 mod limits;
+mod overlay;
 mod spawner;
 mod stdio;
 mod sys;
@@ -40,6 +41,7 @@ use crate::child::{ExecPointers, Plan};
 pub use crate::child::{ExecStage, Step};
 pub use crate::idmap::IdMap;
 pub use crate::limits::{Enforcement, LimitSupport, Limits};
+pub use crate::overlay::OverlayMount;
 
 /// Serves as the sandbox's spawner process if this process was started as one
 /// (see [`SandboxConfig::spawner_exe`]), and never returns then; returns at
@@ -99,6 +101,9 @@ pub struct SandboxConfig {
     /// forks the spawner from this process without exec (as in tests, whose
     /// binary has no such `main`).
     pub spawner_exe: Option<PathBuf>,
+    /// How each run's overlay root is mounted (the switch exists to force
+    /// the mount(2) path where the new mount API works).
+    pub overlay: OverlayMount,
 }
 
 impl SandboxConfig {
@@ -119,6 +124,7 @@ impl SandboxConfig {
             cgroup: CgroupConfig::default(),
             spawner: true,
             spawner_exe: None,
+            overlay: OverlayMount::Auto,
         }
     }
 }
@@ -354,27 +360,12 @@ impl Sandbox {
             steps.push(mkdir(&format!("{scratch}/{dir}"), 0o755)?);
         }
         // 3. The root filesystem: the read-only layers under an overlay whose
-        //    upper layer lives in the scratch tmpfs. `userxattr` because the
-        //    mount happens inside a user namespace.
-        let (chdir, lowers) = overlay_lowers(&spec.layers, &scratch)?;
-        if let Some(dir) = chdir {
-            steps.push(Step::Chdir { path: c(&dir)? });
-        }
-        let overlay_opts =
-            format!("lowerdir={lowers},upperdir={scratch}/upper,workdir={scratch}/work,userxattr");
-        if overlay_opts.len() > 4000 {
-            return Err(Error::InvalidSpec(format!(
-                "{} layers do not fit in one overlay mount",
-                spec.layers.len()
-            )));
-        }
-        steps.push(mount(
-            Some("overlay"),
-            &root,
-            Some("overlay"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some(&overlay_opts),
-        )?);
+        //    upper layer lives in the scratch tmpfs (see `overlay`).
+        steps.push(Step::Overlay(Box::new(overlay::plan(
+            &spec.layers,
+            &scratch,
+            self.config.overlay,
+        )?)));
         // 4. Pivot into it, keeping the old root reachable for the device binds.
         steps.push(mkdir(&format!("{root}/{old_root}"), 0o700)?);
         steps.push(Step::Chdir { path: c(&root)? });
@@ -967,41 +958,6 @@ fn path_str(path: &Path) -> Result<String, Error> {
     path.to_str()
         .map(str::to_owned)
         .ok_or_else(|| Error::InvalidSpec(format!("{} is not UTF-8", path.display())))
-}
-
-/// The overlay `lowerdir` value (top layer first) and the directory to chdir
-/// to first so the value can use short relative names.
-fn overlay_lowers(layers: &[PathBuf], scratch: &str) -> Result<(Option<String>, String), Error> {
-    if layers.is_empty() {
-        return Ok((None, format!("{scratch}/empty")));
-    }
-    let mut names = Vec::with_capacity(layers.len());
-    let parent = layers[0].parent();
-    let same_parent = layers.iter().all(|l| l.parent() == parent);
-    for layer in layers.iter().rev() {
-        let s = if same_parent {
-            layer
-                .file_name()
-                .and_then(|n| n.to_str())
-                .map(str::to_owned)
-        } else {
-            layer.to_str().map(str::to_owned)
-        }
-        .ok_or_else(|| Error::InvalidSpec(format!("layer {} is not UTF-8", layer.display())))?;
-        if s.contains([':', ',', '\\']) || !layer.is_absolute() {
-            return Err(Error::InvalidSpec(format!(
-                "layer path {} cannot be an overlay lower directory",
-                layer.display()
-            )));
-        }
-        names.push(s);
-    }
-    let chdir = if same_parent {
-        parent.map(path_str).transpose()?
-    } else {
-        None
-    };
-    Ok((chdir, names.join(":")))
 }
 
 #[cfg(test)]

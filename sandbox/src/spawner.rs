@@ -48,6 +48,7 @@ use nix::sys::socket::{
 };
 
 use crate::child::{self, ExecPointers, Plan, Step};
+use crate::overlay::{Legacy, Overlay};
 use crate::{Network, sys};
 
 /// The largest encoded plan sent to the spawner; larger ones are cloned from the
@@ -806,6 +807,22 @@ fn encode_step(step: &Step, w: &mut Writer<'_>) {
             w.cstr(path);
         }
         Step::NewSession => w.u8(13),
+        Step::Overlay(o) => {
+            w.u8(14);
+            w.cstr(&o.target);
+            w.cstr(&o.upper);
+            w.cstr(&o.work);
+            w.opt_cstr(o.dir.as_ref());
+            w.cstrs(&o.lowers);
+            w.u8(u8::from(o.api));
+            w.u32(o.legacy.links.len() as u32);
+            for (link, layer) in &o.legacy.links {
+                w.cstr(link);
+                w.cstr(layer);
+            }
+            w.opt_cstr(o.legacy.dir.as_ref());
+            w.cstr(&o.legacy.data);
+        }
     }
 }
 
@@ -880,6 +897,24 @@ fn decode_step(r: &mut Reader<'_>) -> Option<Step> {
         11 => Step::BindReadOnly { path: r.cstr()? },
         12 => Step::RemountReadOnly { path: r.cstr()? },
         13 => Step::NewSession,
+        14 => Step::Overlay(Box::new(Overlay {
+            target: r.cstr()?,
+            upper: r.cstr()?,
+            work: r.cstr()?,
+            dir: r.opt_cstr()?,
+            lowers: r.cstrs()?,
+            api: r.u8()? != 0,
+            legacy: Legacy {
+                links: {
+                    let n = r.len()?;
+                    (0..n)
+                        .map(|_| Some((r.cstr()?, r.cstr()?)))
+                        .collect::<Option<_>>()?
+                },
+                dir: r.opt_cstr()?,
+                data: r.cstr()?,
+            },
+        })),
         _ => return None,
     })
 }
@@ -1031,6 +1066,19 @@ mod tests {
                 },
                 Step::RemountReadOnly { path: c("/") },
                 Step::NewSession,
+                Step::Overlay(Box::new(Overlay {
+                    target: c("/s/root"),
+                    upper: c("/s/upper"),
+                    work: c("/s/work"),
+                    dir: Some(c("/layers")),
+                    lowers: vec![c("b"), c("a")],
+                    api: true,
+                    legacy: Legacy {
+                        links: vec![(c("/s/l/0"), c("/layers/b")), (c("/s/l/1"), c("/layers/a"))],
+                        dir: None,
+                        data: c("lowerdir=0:1,upperdir=/s/upper,workdir=/s/work,userxattr"),
+                    },
+                })),
             ],
             workdir: c("/w"),
             workdir_prefixes: vec![c("/w")],

@@ -453,3 +453,83 @@ pub fn seccomp_filter(program: &[fnrun_seccomp::sock_filter]) -> SysResult<()> {
     })
     .map(drop)
 }
+
+/// fsopen(2): a new file system context of type `fstype` (close-on-exec).
+pub fn fsopen(fstype: &CStr) -> SysResult<RawFd> {
+    // SAFETY: fstype is NUL-terminated; the flag is an integer.
+    check(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), libc::FSOPEN_CLOEXEC) })
+        .map(|fd| fd as RawFd)
+}
+
+/// fsconfig(2) `FSCONFIG_SET_STRING`: sets parameter `key` of context `fs`.
+pub fn fsconfig_string(fs: RawFd, key: &CStr, value: &CStr) -> SysResult<()> {
+    // SAFETY: key and value are NUL-terminated; aux is unused (0).
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs,
+            libc::FSCONFIG_SET_STRING,
+            key.as_ptr(),
+            value.as_ptr(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// fsconfig(2) `FSCONFIG_SET_FLAG`: sets the flag parameter `key`.
+pub fn fsconfig_flag(fs: RawFd, key: &CStr) -> SysResult<()> {
+    // SAFETY: key is NUL-terminated; value and aux are unused (null, 0).
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs,
+            libc::FSCONFIG_SET_FLAG,
+            key.as_ptr(),
+            std::ptr::null::<libc::c_char>(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// fsconfig(2) `FSCONFIG_CMD_CREATE`: creates the superblock.
+pub fn fsconfig_create(fs: RawFd) -> SysResult<()> {
+    // SAFETY: a command without key or value.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs,
+            libc::FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_char>(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// fsmount(2): a detached mount of the context's superblock with
+/// `attributes` (`MOUNT_ATTR_*`), close-on-exec.
+pub fn fsmount(fs: RawFd, attributes: u64) -> SysResult<RawFd> {
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::syscall(libc::SYS_fsmount, fs, libc::FSMOUNT_CLOEXEC, attributes) })
+        .map(|fd| fd as RawFd)
+}
+
+/// move_mount(2) of the detached mount `mnt` onto `target`.
+pub fn move_mount(mnt: RawFd, target: &CStr) -> SysResult<()> {
+    // SAFETY: both paths are NUL-terminated ("" with MOVE_MOUNT_F_EMPTY_PATH
+    // names `mnt` itself).
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mnt,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}

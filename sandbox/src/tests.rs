@@ -1265,3 +1265,79 @@ async fn a_plan_too_large_for_the_spawner_is_cloned_here() {
     assert_eq!(out.status, Status::Exited(0));
     assert_eq!(out.stdout, b"102400102400102400\n");
 }
+
+/// `n` layers above the fixture's busybox layer, named like the cache names
+/// them (a 64-hex digest each, all in one directory), each with a file of its
+/// own and its own copy of `/deep/top`: the topmost must win.
+fn deep_layers(fx: &Fixture, n: usize) -> Vec<PathBuf> {
+    let parent = fx.dir.path().join("layers");
+    let mut layers = vec![fx.layer()];
+    for i in 0..n {
+        let layer = parent.join(format!("{i:064x}"));
+        std::fs::create_dir_all(layer.join("deep")).unwrap();
+        std::fs::write(layer.join("deep").join(format!("f{i}")), "").unwrap();
+        std::fs::write(layer.join("deep/top"), format!("layer {i}\n")).unwrap();
+        for d in [&layer, &layer.join("deep")] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        if let IdMap::Range {
+            host_uid, host_gid, ..
+        } = fx.sandbox.config().id_map
+        {
+            chown_tree(&layer, host_uid, host_gid);
+        }
+        layers.push(layer);
+    }
+    layers
+}
+
+/// Whether this kernel's overlayfs takes `lowerdir+` (Linux 6.8).
+fn kernel_has_lowerdir_plus() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']);
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    (next(), next()) >= (6, 8)
+}
+
+/// Docker's limit of 127 layers: 64-character names do not fit in one
+/// `lowerdir` option (a page), so layers are added one by one with the new
+/// mount API, or mounted through short names; the root's mount entry shows
+/// which.
+#[tokio::test]
+async fn an_image_of_127_layers_runs() {
+    for (overlay, first_lower) in [
+        (
+            OverlayMount::Auto,
+            if kernel_has_lowerdir_plus() {
+                format!("lowerdir+={:064x}", 126)
+            } else {
+                "lowerdir=0".to_owned()
+            },
+        ),
+        (OverlayMount::Legacy, "lowerdir=0".to_owned()),
+    ] {
+        let fx = Fixture::with(|c| c.overlay = overlay);
+        let mut spec = fx.spec(
+            "ls /deep | wc -l; cat /deep/top; \
+             grep -o ' - overlay overlay rw,lowerdir[+]*=[^,:]*' /proc/self/mountinfo",
+        );
+        spec.layers = deep_layers(&fx, 127);
+        let out = fx.sandbox.run(&spec, b"").await.unwrap();
+        assert_eq!(
+            out.status,
+            Status::Exited(0),
+            "{overlay:?}: {}",
+            text(&out.stderr_tail)
+        );
+        assert_eq!(
+            text(&out.stdout),
+            format!("128\nlayer 126\n - overlay overlay rw,{first_lower}\n"),
+            "{overlay:?}"
+        );
+    }
+}
