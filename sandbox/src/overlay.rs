@@ -21,7 +21,11 @@ use std::path::PathBuf;
 
 use nix::errno::Errno;
 
-use crate::{Error, cstring, path_str, sys};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, SpecError};
+use crate::plan::{cstring, path_str};
+use crate::sys;
 
 /// How each run's overlay root is mounted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,8 +48,8 @@ const MAX_OPTIONS: usize = 4095;
 const MAX_FSCONFIG_STRING: usize = 255;
 
 /// Everything [`mount`] needs, prepared before the clone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Overlay {
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Overlay {
     /// The mount point.
     pub target: CString,
     /// The writable layer and overlayfs' work directory (same file system).
@@ -63,8 +67,8 @@ pub struct Overlay {
 }
 
 /// The overlay as one mount(2).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Legacy {
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Legacy {
     /// Short names to create first: (link, layer), the link an absolute path
     /// in the scratch tmpfs, the layer its absolute directory. Empty when the
     /// layers' own names fit.
@@ -79,14 +83,15 @@ pub struct Legacy {
 /// Plans the overlay of `layers` (bottom to top; none: an empty lower
 /// directory in the scratch tmpfs) mounted at `{scratch}/root`, its writable
 /// layer in `{scratch}/upper`.
-pub fn plan(layers: &[PathBuf], scratch: &str, mode: OverlayMount) -> Result<Overlay, Error> {
+pub(crate) fn plan(
+    layers: &[PathBuf],
+    scratch: &str,
+    mode: OverlayMount,
+) -> Result<Overlay, Error> {
     if layers.len() > MAX_LAYERS {
-        return Err(Error::InvalidSpec(format!(
-            "the image has {} layers; overlayfs stacks at most {MAX_LAYERS}",
-            layers.len()
-        )));
+        return Err(SpecError::TooManyLayers(layers.len()).into());
     }
-    let c = |s: &str| cstring(s.as_bytes());
+    let c = |s: &str| cstring("path", s.as_bytes());
     let upper = format!("{scratch}/upper");
     let work = format!("{scratch}/work");
     let tail = format!("upperdir={upper},workdir={work},userxattr");
@@ -115,10 +120,7 @@ pub fn plan(layers: &[PathBuf], scratch: &str, mode: OverlayMount) -> Result<Ove
     };
     if legacy.data.as_bytes().len() > MAX_OPTIONS {
         // Only a scratch directory with a very long path gets here.
-        return Err(Error::InvalidSpec(format!(
-            "the overlay options for {} layers do not fit in a page",
-            layers.len()
-        )));
+        return Err(SpecError::OverlayOptionsTooLong(layers.len()).into());
     }
     let api = mode == OverlayMount::Auto
         && names
@@ -152,12 +154,9 @@ fn lower_names(layers: &[PathBuf], scratch: &str) -> Result<(Option<String>, Vec
         } else {
             layer.to_str()
         }
-        .ok_or_else(|| Error::InvalidSpec(format!("layer {} is not UTF-8", layer.display())))?;
+        .ok_or_else(|| SpecError::NotUtf8(layer.clone()))?;
         if name.contains([':', ',', '\\']) || !layer.is_absolute() {
-            return Err(Error::InvalidSpec(format!(
-                "layer path {} cannot be an overlay lower directory",
-                layer.display()
-            )));
+            return Err(SpecError::BadLayerPath(layer.clone()).into());
         }
         names.push(name.to_owned());
     }
@@ -169,7 +168,7 @@ fn lower_names(layers: &[PathBuf], scratch: &str) -> Result<(Option<String>, Vec
 }
 
 /// Mounts the overlay (in the sandbox's init: raw system calls only).
-pub fn mount(o: &Overlay) -> sys::SysResult<()> {
+pub(crate) fn mount(o: &Overlay) -> sys::SysResult<()> {
     if o.api {
         match mount_api(o) {
             Ok(()) => return Ok(()),
@@ -245,7 +244,7 @@ fn mount_api(o: &Overlay) -> Result<(), ApiError> {
 
 /// The overlay's layers as absolute paths, for tests.
 #[cfg(test)]
-pub fn layer_paths(o: &Overlay) -> Vec<PathBuf> {
+pub(crate) fn layer_paths(o: &Overlay) -> Vec<PathBuf> {
     let dir = o
         .dir
         .as_ref()
