@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use fnrun_cache::ErrorKind as CacheKind;
+use fnrun_sandbox::Error as SandboxError;
 
 /// The class of a failure: what the caller should do about it.
 ///
@@ -105,10 +106,14 @@ impl RunError {
                 CacheKind::Corrupt | CacheKind::Internal => Class::Internal,
             },
             RunError::Sandbox(e) => match e {
-                fnrun_sandbox::Error::InvalidSpec(_)
-                | fnrun_sandbox::Error::LimitUnavailable { .. } => Class::FailedPrecondition,
-                fnrun_sandbox::Error::Exec { .. } => Class::Aborted,
-                _ => Class::Internal,
+                SandboxError::InvalidSpec(_) | SandboxError::LimitUnavailable { .. } => {
+                    Class::FailedPrecondition
+                }
+                SandboxError::Exec { .. } => Class::Aborted,
+                SandboxError::Io { .. }
+                | SandboxError::Setup { .. }
+                | SandboxError::InitDied { .. }
+                | SandboxError::Cgroup(_) => Class::Internal,
             },
             RunError::FunctionFailed { .. }
             | RunError::FunctionKilled { .. }

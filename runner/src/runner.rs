@@ -298,9 +298,7 @@ impl Runner {
         argv.extend(image.config.cmd.iter().cloned());
         let mut env = image.config.env.clone();
         if !env.iter().any(|e| e.starts_with("PATH=")) {
-            env.push(
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
-            );
+            env.push(format!("PATH={}", fnrun_sandbox::DEFAULT_PATH));
         }
         if !env.iter().any(|e| e.starts_with("HOME=")) {
             env.push(format!("HOME={}", exec_user.home));
@@ -319,14 +317,13 @@ impl Runner {
             gid,
             groups,
             network: req.network,
-            timeout: req.timeout,
             limits: Limits {
                 memory_bytes: req.memory_bytes,
                 cpu_millis: req.cpu_millis,
                 pids: None,
             },
         };
-        let outcome = self.sandbox.run(&spec, &req.input).await?;
+        let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await?;
         let stderr = String::from_utf8_lossy(&outcome.stderr_tail).into_owned();
         match outcome.status {
             Status::Exited(0) => {}

@@ -16,20 +16,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::Error;
 use crate::cgroup::{self, CgroupConfig, CgroupDriver, HostFs, RunCgroup, RunNames, Version};
-
-/// Resource limits of one run; `None` is no limit (the pids limit then comes
-/// from `SandboxConfig::default_pids_limit`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
-    /// Memory (and memory+swap) of every process of the run, in bytes.
-    pub memory_bytes: Option<u64>,
-    /// CPU time in thousandths of a CPU (Kubernetes millicores).
-    pub cpu_millis: Option<u64>,
-    /// Processes and threads of the run.
-    pub pids: Option<u64>,
-}
+use crate::error::Error;
+use crate::spec::Limits;
 
 /// How one kind of limit is enforced on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,28 +257,4 @@ fn nproc_is_per_namespace() -> Result<(), String> {
             release.trim()
         ))
     }
-}
-
-/// Lowers `RLIMIT_NPROC` (soft and hard) of process `pid` to `limit`, as far
-/// as its hard limit allows.
-pub(crate) fn set_nproc(pid: libc::pid_t, limit: u64) -> std::io::Result<()> {
-    let mut old = libc::rlimit64 {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: prlimit64 with no new limit only fills `old`, a valid rlimit64.
-    if unsafe { libc::prlimit64(pid, libc::RLIMIT_NPROC, std::ptr::null(), &mut old) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let limit = limit.min(old.rlim_max);
-    let new = libc::rlimit64 {
-        rlim_cur: limit,
-        rlim_max: limit,
-    };
-    // SAFETY: `new` is a valid rlimit64 that prlimit64 only reads; no old value
-    // is requested.
-    if unsafe { libc::prlimit64(pid, libc::RLIMIT_NPROC, &new, std::ptr::null_mut()) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }

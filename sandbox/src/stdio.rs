@@ -1,13 +1,18 @@
-//! The run's stdio: the input is written while stdout and stderr are read, so
-//! neither a large input nor a large output can deadlock the run.
+//! The run's stdio. A per-call run's input is written while stdout and
+//! stderr are read ([`Stdio::pump`]), so neither a large input nor a large
+//! output can deadlock the run. A service run's output is kept as a bounded
+//! rolling [`Tail`].
 
+use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
+use tokio::task::JoinHandle;
 
 /// The parent's ends of the three pipes.
-pub struct Stdio {
+pub(crate) struct Stdio {
     stdin: pipe::Sender,
     stdout: pipe::Receiver,
     stderr: pipe::Receiver,
@@ -15,7 +20,7 @@ pub struct Stdio {
 
 /// What was read, even if the run was cut short.
 #[derive(Debug, Default)]
-pub struct Pumped {
+pub(crate) struct Pumped {
     pub stdout: Vec<u8>,
     pub stderr_tail: Vec<u8>,
     pub output_too_large: bool,
@@ -95,5 +100,69 @@ impl Stdio {
                 *output_too_large = read_out.await;
             }
         }
+    }
+}
+
+/// The last bytes written to a pipe, kept by a task that reads it to EOF.
+#[derive(Debug, Clone)]
+pub(crate) struct Tail {
+    inner: Arc<Mutex<VecDeque<u8>>>,
+    max: usize,
+}
+
+impl Tail {
+    /// Reads `pipe` until EOF in a task of the current runtime, keeping its
+    /// last `max` bytes. The returned handle ends with the pipe.
+    pub fn follow(pipe: OwnedFd, max: usize) -> std::io::Result<(Tail, JoinHandle<()>)> {
+        let mut pipe = pipe::Receiver::from_owned_fd(pipe)?;
+        let tail = Tail {
+            inner: Arc::new(Mutex::new(VecDeque::with_capacity(max.min(64 << 10)))),
+            max,
+        };
+        let writer = tail.clone();
+        let task = tokio::spawn(async move {
+            let mut chunk = vec![0u8; 16 * 1024];
+            loop {
+                match pipe.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => writer.push(&chunk[..n]),
+                }
+            }
+        });
+        Ok((tail, task))
+    }
+
+    fn push(&self, data: &[u8]) {
+        let mut buf = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let data = &data[data.len().saturating_sub(self.max)..];
+        let over = (buf.len() + data.len()).saturating_sub(self.max);
+        buf.drain(..over);
+        buf.extend(data);
+    }
+
+    /// What it holds now.
+    pub fn bytes(&self) -> Vec<u8> {
+        let buf = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        buf.iter().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_tail_keeps_the_last_bytes_of_its_pipe() {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let (tail, task) = Tail::follow(read, 10).unwrap();
+        let mut w = std::fs::File::from(write);
+        use std::io::Write;
+        w.write_all(b"0123456789abc").unwrap();
+        w.write_all(b"de").unwrap();
+        drop(w);
+        task.await.unwrap();
+        assert_eq!(tail.bytes(), b"56789abcde");
+        tail.push(&[b'x'; 25]);
+        assert_eq!(tail.bytes(), [b'x'; 10]);
     }
 }

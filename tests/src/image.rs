@@ -92,6 +92,8 @@ pub struct TestImage {
     env: Vec<String>,
     workdir: Option<String>,
     user: Option<String>,
+    /// Layers added on top of the busybox layer, bottom to top.
+    layers: Vec<Vec<ImageFile>>,
 }
 
 impl TestImage {
@@ -107,6 +109,7 @@ impl TestImage {
             env: vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_owned()],
             workdir: None,
             user: None,
+            layers: Vec::new(),
         }
     }
 
@@ -175,6 +178,25 @@ impl TestImage {
         self
     }
 
+    /// Adds a layer on top of the others with `files` (absolute path,
+    /// contents; mode 0644, owned by root): each call is one more layer.
+    pub fn layer<P: AsRef<str>, C: AsRef<[u8]>>(
+        mut self,
+        files: impl IntoIterator<Item = (P, C)>,
+    ) -> Self {
+        self.layers.push(
+            files
+                .into_iter()
+                .map(|(path, contents)| ImageFile {
+                    path: path.as_ref().to_owned(),
+                    contents: contents.as_ref().to_vec(),
+                    mode: 0o644,
+                })
+                .collect(),
+        );
+        self
+    }
+
     /// Builds the image into a fresh OCI layout with umoci.
     pub fn build(self) -> Result<BuiltImage> {
         let dir = tempfile::Builder::new()
@@ -227,6 +249,30 @@ impl TestImage {
             config.arg(format!("--config.user={user}"));
         }
         check_output(&mut config)?;
+        for (i, files) in self.layers.iter().enumerate() {
+            let tree = dir.path().join(format!("layer-{i}"));
+            for file in files {
+                let path = inside(&tree, &file.path);
+                fs::create_dir_all(path.parent().unwrap_or(&tree))?;
+                write_mode(&path, &file.contents, file.mode)?;
+            }
+            let tar = dir.path().join(format!("layer-{i}.tar"));
+            check_output(
+                Command::new("tar")
+                    .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+                    .arg(&tree)
+                    .arg("-cf")
+                    .arg(&tar)
+                    .arg("."),
+            )?;
+            check_output(
+                Command::new("umoci")
+                    .args(["raw", "add-layer", "--image", &image])
+                    .arg(&tar),
+            )?;
+            remove_tree(&tree)?;
+            fs::remove_file(&tar)?;
+        }
         check_output(Command::new("umoci").args(["gc", "--layout"]).arg(&layout))?;
         // The bundle is only a staging area.
         remove_tree(&bundle)?;

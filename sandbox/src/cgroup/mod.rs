@@ -13,8 +13,13 @@
 //! leftovers of a daemon that died (its pid gone or reused) from the runs of
 //! live daemons sharing the parent (see [`is_stale`]).
 
+mod layout;
+mod names;
 pub mod v1;
 pub mod v2;
+
+pub use self::layout::{Layout, layout};
+pub use self::names::{RunNames, is_stale};
 
 use std::fmt;
 use std::io;
@@ -22,7 +27,9 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limits::Limits;
+use std::os::fd::BorrowedFd;
+
+use crate::spec::Limits;
 
 /// Where and how to find and create cgroups.
 #[derive(Debug, Clone)]
@@ -152,6 +159,7 @@ pub trait CgroupDriver: fmt::Debug + Send + Sync {
     /// Which limits can be enforced.
     fn controllers(&self) -> &Controllers;
     /// The parent cgroup directories, one per hierarchy in use.
+    #[cfg(test)]
     fn parents(&self) -> Vec<PathBuf>;
     /// Creates the cgroup `name` under the parent and applies `limits`; each
     /// limit given must be one [`Self::controllers`] supports. Nothing is left
@@ -162,39 +170,34 @@ pub trait CgroupDriver: fmt::Debug + Send + Sync {
     fn sweep(&self, is_stale: &dyn Fn(&str) -> bool) -> Result<usize>;
 }
 
+/// How a run's init gets into its cgroup, best first. The launcher acts on
+/// it; the cgroup only says which way it takes.
+#[derive(Debug)]
+pub enum Placement<'a> {
+    /// `clone3(CLONE_INTO_CGROUP)` with this cgroup directory (v2, Linux
+    /// 5.7): init starts there.
+    CloneInto(BorrowedFd<'a>),
+    /// The cloning thread writes `"0"` to each `enter` file, which moves it
+    /// alone into the run's cgroups, clones init there, and writes `"0"` to
+    /// each `leave` file, back to this process's own cgroups (pooled v1
+    /// cgroups: no `cgroup_threadgroup_rwsem`, see [`v1`]).
+    ThreadMove {
+        enter: Vec<std::fs::File>,
+        leave: Vec<BorrowedFd<'a>>,
+    },
+    /// [`RunCgroup::admit`] moves init in by its pid after the clone.
+    AdmitAfter,
+}
+
 /// The cgroup of one run. Dropping it kills what is left in it and frees it
 /// (removes it, or gives it back to its pool).
-///
-/// The sandbox's init gets into the cgroup in one of three ways, tried in
-/// this order: `clone3(CLONE_INTO_CGROUP)` with [`Self::clone_into`] (v2); the
-/// cloning thread [`Self::enter`]s the cgroup, clones init there and
-/// [`Self::leave`]s (pooled v1 cgroups); or [`Self::admit`] moves init in.
 pub trait RunCgroup: fmt::Debug + Send {
-    /// For `clone3(CLONE_INTO_CGROUP)`: a descriptor of the cgroup directory
-    /// (v2 only).
-    fn clone_into(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        None
+    /// How init gets in (see [`Placement`]).
+    fn placement(&self) -> Result<Placement<'_>> {
+        Ok(Placement::AdmitAfter)
     }
-    /// Moves the calling thread, alone, into the cgroup, so that the process
-    /// it clones next starts there. Returns whether it did; `false` when this
-    /// cgroup does not place init that way. On error the thread is where it
-    /// was.
-    fn enter(&self) -> Result<bool> {
-        Ok(false)
-    }
-    /// Moves the calling thread back to this process's own cgroup after
-    /// [`Self::enter`].
-    fn leave(&self) -> Result<()> {
-        Ok(())
-    }
-    /// [`Self::enter`] and [`Self::leave`] for another process, the spawner
-    /// (which shares this process's cgroups): the files it writes `"0"` to.
-    /// `None` when this cgroup does not place init that way.
-    fn thread_move(&self) -> Result<Option<crate::spawner::ThreadMove>> {
-        Ok(None)
-    }
-    /// The spawner's move into or out of this cgroup failed: it is not reused.
-    fn thread_move_failed(&self) {}
+    /// The [`Placement`]'s thread move failed: the cgroup is not reused.
+    fn placement_failed(&self) {}
     /// Called with the sandbox's init `pid`, before init is released:
     /// moves it (all its threads) into the cgroup unless `placed` (by clone)
     /// and applies whatever limits are still to apply.
@@ -328,185 +331,6 @@ pub fn detect(config: &CgroupConfig, fs: Arc<dyn CgroupFs>) -> Result<Box<dyn Cg
     }
 }
 
-/// One mounted hierarchy and this process's cgroup in it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hierarchy {
-    /// The controllers fnrun uses that it carries (v1); empty for v2.
-    pub controllers: Vec<String>,
-    /// Where it is mounted.
-    pub mount: PathBuf,
-    /// This process's cgroup directory in it.
-    pub own: PathBuf,
-}
-
-/// The cgroup layout of a host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Layout {
-    /// The unified hierarchy has controllers: everything happens there.
-    V2(Hierarchy),
-    /// Per-controller v1 hierarchies (also "hybrid" hosts whose unified
-    /// hierarchy has no controllers).
-    V1(Vec<Hierarchy>),
-}
-
-/// The v1 controllers fnrun creates cgroups in: the three limits, CPU
-/// accounting, and the freezer for killing.
-const V1_CONTROLLERS: [&str; 5] = [MEMORY, CPU, "cpuacct", PIDS, "freezer"];
-
-/// Works out the layout from the text of a mountinfo file and of
-/// `/proc/self/cgroup`, looking only at mounts below `root`: v2 when the
-/// unified hierarchy has the memory, cpu or pids controller, else v1.
-pub fn layout(
-    mountinfo: &str,
-    self_cgroup: &str,
-    root: &Path,
-    fs: &dyn CgroupFs,
-) -> Result<Layout> {
-    let mounts: Vec<Mount> = mountinfo
-        .lines()
-        .filter_map(Mount::parse)
-        .filter(|m| m.mount_point.starts_with(root))
-        .collect();
-    let own_paths: Vec<(Vec<&str>, &str)> = self_cgroup
-        .lines()
-        .filter_map(|l| {
-            let mut parts = l.splitn(3, ':');
-            let _id = parts.next()?;
-            let controllers = parts.next()?;
-            let path = parts.next()?;
-            Some((
-                controllers.split(',').filter(|c| !c.is_empty()).collect(),
-                path,
-            ))
-        })
-        .collect();
-
-    // The unified hierarchy: at the root on a pure v2 host, at
-    // `root/unified` on a hybrid one.
-    let mut unified: Vec<&Mount> = mounts.iter().filter(|m| m.fstype == "cgroup2").collect();
-    unified.sort_by_key(|m| (m.mount_point != root, m.mount_point.components().count()));
-    if let Some(m) = unified.first() {
-        let controllers = fs
-            .read(&m.mount_point.join("cgroup.controllers"))
-            .unwrap_or_default();
-        if controllers
-            .split_whitespace()
-            .any(|c| [MEMORY, CPU, PIDS].contains(&c))
-        {
-            let own = own_paths
-                .iter()
-                .find(|(c, _)| c.is_empty())
-                .map(|(_, p)| *p)
-                .unwrap_or("/");
-            return Ok(Layout::V2(Hierarchy {
-                controllers: Vec::new(),
-                own: own_dir(m, own),
-                mount: m.mount_point.clone(),
-            }));
-        }
-    }
-
-    let mut hierarchies = Vec::new();
-    for m in mounts.iter().filter(|m| m.fstype == "cgroup") {
-        let controllers: Vec<String> = m
-            .super_options
-            .split(',')
-            .filter(|o| V1_CONTROLLERS.contains(o))
-            .map(str::to_owned)
-            .collect();
-        if controllers.is_empty()
-            || hierarchies
-                .iter()
-                .any(|h: &Hierarchy| h.controllers == controllers)
-        {
-            continue;
-        }
-        let own = own_paths
-            .iter()
-            .find(|(c, _)| controllers.iter().all(|x| c.contains(&x.as_str())))
-            .map(|(_, p)| *p)
-            .unwrap_or("/");
-        hierarchies.push(Hierarchy {
-            own: own_dir(m, own),
-            mount: m.mount_point.clone(),
-            controllers,
-        });
-    }
-    if hierarchies.is_empty() {
-        let why = if unified.is_empty() {
-            format!("no cgroup filesystem is mounted under {}", root.display())
-        } else {
-            format!(
-                "the cgroup v2 hierarchy at {} has none of the memory, cpu and pids controllers, \
-                 and no cgroup v1 hierarchy has them",
-                unified[0].mount_point.display()
-            )
-        };
-        return Err(CgroupError::Unusable(why));
-    }
-    Ok(Layout::V1(hierarchies))
-}
-
-/// One line of a mountinfo file.
-#[derive(Debug)]
-struct Mount {
-    /// The directory of the filesystem that is mounted (field 4).
-    root: String,
-    mount_point: PathBuf,
-    fstype: String,
-    super_options: String,
-}
-
-impl Mount {
-    fn parse(line: &str) -> Option<Mount> {
-        let (left, right) = line.split_once(" - ")?;
-        let mut left = left.split(' ');
-        let root = unescape(left.nth(3)?);
-        let mount_point = PathBuf::from(unescape(left.next()?));
-        let mut right = right.split(' ');
-        let fstype = right.next()?.to_owned();
-        let _source = right.next()?;
-        let super_options = right.next().unwrap_or("").to_owned();
-        Some(Mount {
-            root,
-            mount_point,
-            fstype,
-            super_options,
-        })
-    }
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// This process's cgroup directory in mount `m`, from its path in
-/// `/proc/self/cgroup` (relative to the hierarchy's top, or to the cgroup
-/// namespace's root, which is what the mount shows then).
-fn own_dir(m: &Mount, own: &str) -> PathBuf {
-    let rel = Path::new(own)
-        .strip_prefix(&m.root)
-        .unwrap_or(Path::new(own));
-    let rel = rel.strip_prefix("/").unwrap_or(rel);
-    m.mount_point.join(rel)
-}
-
 /// The parent cgroup directory: `parent`, a plain relative path, below `base`.
 fn parent_dir(base: &Path, parent: &Path) -> Result<PathBuf> {
     if parent.as_os_str().is_empty()
@@ -594,82 +418,6 @@ fn cpu_quota_us(millis: u64) -> u64 {
 
 /// The CFS period used for CPU limits: 100 ms.
 const CPU_PERIOD_US: u64 = 100_000;
-
-/// Names of run cgroups: `<pid namespace>-<pid>-<start time>-<sandbox>-<run>`.
-#[derive(Debug, Clone)]
-pub struct RunNames {
-    prefix: String,
-    sandbox: u64,
-}
-
-impl RunNames {
-    /// Names for a new sandbox of this process.
-    pub fn new() -> RunNames {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static SANDBOXES: AtomicU64 = AtomicU64::new(0);
-        let pid = std::process::id();
-        let start = start_time(pid).unwrap_or(0);
-        RunNames {
-            prefix: format!("{}-{pid}-{start}", pid_namespace()),
-            sandbox: SANDBOXES.fetch_add(1, Ordering::Relaxed),
-        }
-    }
-
-    /// The name of run number `run`.
-    pub fn run(&self, run: u64) -> String {
-        format!("{}-{}-{run}", self.prefix, self.sandbox)
-    }
-
-    /// Whether `name` is a run of this sandbox.
-    pub fn is_mine(&self, name: &str) -> bool {
-        name.strip_prefix(&format!("{}-{}-", self.prefix, self.sandbox))
-            .is_some_and(|n| n.parse::<u64>().is_ok())
-    }
-}
-
-impl Default for RunNames {
-    fn default() -> Self {
-        RunNames::new()
-    }
-}
-
-/// Whether `name` is a run cgroup of a daemon that is gone: a daemon of this
-/// PID namespace whose pid does not exist or belongs to a process started at
-/// another time. Never stale: names of another form (not ours to remove), and
-/// runs of daemons in other PID namespaces (another pod sharing a v1
-/// hierarchy, perhaps still draining), whose liveness cannot be checked from
-/// here. Their processes die with their daemon anyway (init has a parent
-/// death signal); only empty directories could be left.
-pub fn is_stale(name: &str) -> bool {
-    let parts: Vec<&str> = name.split('-').collect();
-    let [ns, pid, start, sandbox, run] = parts[..] else {
-        return false;
-    };
-    let (Ok(ns), Ok(pid), Ok(start), Ok(_), Ok(_)) = (
-        ns.parse::<u64>(),
-        pid.parse::<u32>(),
-        start.parse::<u64>(),
-        sandbox.parse::<u64>(),
-        run.parse::<u64>(),
-    ) else {
-        return false;
-    };
-    ns == pid_namespace() && start_time(pid) != Some(start)
-}
-
-/// The inode of this process's PID namespace.
-fn pid_namespace() -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
-}
-
-/// A process's start time in clock ticks since boot (field 22 of its stat).
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: skip it.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split(' ').nth(19)?.parse().ok()
-}
 
 #[cfg(test)]
 mod tests;

@@ -8,18 +8,18 @@
 //! is this process's own cgroup, as in a delegated systemd unit or a pod, the
 //! process first moves itself into a leaf next to the parent, `fnrun-daemon`.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    CPU, CPU_PERIOD_US, CgroupDriver, CgroupError, CgroupFs, Controllers, MEMORY, PIDS, Result,
-    RunCgroup, Usage, Version, WrapPath, cpu_quota_us, delegation_hint, keyed, kill_pids,
+    CPU, CPU_PERIOD_US, CgroupDriver, CgroupError, CgroupFs, Controllers, MEMORY, PIDS, Placement,
+    Result, RunCgroup, Usage, Version, WrapPath, cpu_quota_us, delegation_hint, keyed, kill_pids,
     parse_pids, rmdir_retrying,
 };
-use crate::limits::Limits;
+use crate::spec::Limits;
 
 /// The leaf this process moves itself into when its own cgroup is the base.
 pub const DAEMON_LEAF: &str = "fnrun-daemon";
@@ -184,6 +184,7 @@ impl CgroupDriver for V2 {
         &self.controllers
     }
 
+    #[cfg(test)]
     fn parents(&self) -> Vec<PathBuf> {
         vec![self.parent.clone()]
     }
@@ -271,8 +272,11 @@ impl RunV2 {
 }
 
 impl RunCgroup for RunV2 {
-    fn clone_into(&self) -> Option<BorrowedFd<'_>> {
-        self.fd.as_ref().map(|fd| fd.as_fd())
+    fn placement(&self) -> Result<Placement<'_>> {
+        Ok(match &self.fd {
+            Some(fd) => Placement::CloneInto(fd.as_fd()),
+            None => Placement::AdmitAfter,
+        })
     }
 
     fn admit(&mut self, pid: libc::pid_t, placed: bool) -> Result<()> {

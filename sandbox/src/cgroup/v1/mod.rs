@@ -13,7 +13,7 @@
 //! itself, alone, into the slot (`"0"` written to each `tasks` file, which
 //! migrates only the writer and skips that lock), clones init, which starts
 //! in the slot like any child, and moves back to this process's own cgroups
-//! ([`RunCgroup::enter`], [`RunCgroup::leave`]).
+//! ([`Placement::ThreadMove`]).
 //!
 //! An idle slot is empty, has no memory limit and no CPU quota (so that the
 //! thread passing through is never throttled, and never the only task in a
@@ -27,15 +27,19 @@
 //! where they are not, every run gets cgroups of its own, as before.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
     CPU, CPU_PERIOD_US, CgroupDriver, CgroupError, CgroupFs, Controllers, MEMORY, PIDS, Result,
     RunCgroup, Usage, Version, WrapPath, cpu_quota_us, delegation_hint, keyed, kill_pids,
-    parse_pids, rmdir_retrying, write_command,
+    parse_pids, rmdir_retrying,
 };
-use crate::limits::Limits;
+use crate::spec::Limits;
+
+mod pool;
+
+use self::pool::{Pool, PooledRun, Slot};
 
 /// One v1 hierarchy as [`V1::new`] takes it.
 #[derive(Debug, Clone)]
@@ -49,17 +53,17 @@ pub struct Hierarchy {
 }
 
 /// Idle slots kept at most; more are removed when their runs end.
-const MAX_IDLE_SLOTS: usize = 64;
+pub(super) const MAX_IDLE_SLOTS: usize = 64;
 
 /// One hierarchy: its controllers and the parent cgroup in it.
 #[derive(Debug, Clone)]
-struct Parent {
-    controllers: Vec<String>,
-    dir: PathBuf,
+pub(super) struct Parent {
+    pub(super) controllers: Vec<String>,
+    pub(super) dir: PathBuf,
 }
 
 impl Parent {
-    fn has(&self, controller: &str) -> bool {
+    pub(super) fn has(&self, controller: &str) -> bool {
         self.controllers.iter().any(|c| c == controller)
     }
 }
@@ -226,6 +230,7 @@ impl CgroupDriver for V1 {
         &self.controllers
     }
 
+    #[cfg(test)]
     fn parents(&self) -> Vec<PathBuf> {
         self.parents.iter().map(|p| p.dir.clone()).collect()
     }
@@ -295,24 +300,24 @@ impl CgroupDriver for V1 {
 /// The cgroups of one run on v1, one per hierarchy.
 #[derive(Debug)]
 pub struct RunV1 {
-    fs: Arc<dyn CgroupFs>,
+    pub(super) fs: Arc<dyn CgroupFs>,
     /// The directories not yet removed.
-    dirs: Vec<Parent>,
+    pub(super) dirs: Vec<Parent>,
 }
 
 impl RunV1 {
-    fn dir(&self, controller: &str) -> Option<&Path> {
+    pub(super) fn dir(&self, controller: &str) -> Option<&Path> {
         self.dirs
             .iter()
             .find(|d| d.has(controller))
             .map(|d| d.dir.as_path())
     }
 
-    fn path(&self, controller: &str, file: &str) -> Option<PathBuf> {
+    pub(super) fn path(&self, controller: &str, file: &str) -> Option<PathBuf> {
         self.dir(controller).map(|d| d.join(file))
     }
 
-    fn write(&self, controller: &str, file: &str, value: &str) -> Result<()> {
+    pub(super) fn write(&self, controller: &str, file: &str, value: &str) -> Result<()> {
         let dir = self
             .dir(controller)
             .ok_or_else(|| CgroupError::Unusable(format!("no cgroup v1 {controller} hierarchy")))?;
@@ -320,13 +325,13 @@ impl RunV1 {
         self.fs.write(&path, value).wrap("write", &path)
     }
 
-    fn read(&self, controller: &str, file: &str) -> Option<String> {
+    pub(super) fn read(&self, controller: &str, file: &str) -> Option<String> {
         self.fs.read(&self.dir(controller)?.join(file)).ok()
     }
 
     /// Changes the limits from `from`, what the files hold now, to `to`,
     /// writing only what differs. `None` is no limit.
-    fn apply(&self, from: &Limits, to: &Limits) -> Result<()> {
+    pub(super) fn apply(&self, from: &Limits, to: &Limits) -> Result<()> {
         if to.memory_bytes != from.memory_bytes {
             let value = to
                 .memory_bytes
@@ -361,7 +366,7 @@ impl RunV1 {
     }
 
     /// The usage counters as they are now.
-    fn counters(&self) -> Counters {
+    pub(super) fn counters(&self) -> Counters {
         let number = |c: &str, f: &str| self.read(c, f).and_then(|s| s.trim().parse::<u64>().ok());
         Counters {
             oom_kills: self
@@ -375,13 +380,13 @@ impl RunV1 {
 
     /// The directory whose `cgroup.procs` lists the run's processes for a
     /// kill: the freezer's, which can stop them first, when there is one.
-    fn procs_dir(&self) -> Option<&Path> {
+    pub(super) fn procs_dir(&self) -> Option<&Path> {
         self.dir("freezer")
             .or_else(|| self.dirs.first().map(|d| d.dir.as_path()))
     }
 
     /// The processes in the run, as listed by `controller`'s hierarchy.
-    fn procs(&self, dir: &Path) -> Vec<libc::pid_t> {
+    pub(super) fn procs(&self, dir: &Path) -> Vec<libc::pid_t> {
         parse_pids(&self.fs.read(&dir.join("cgroup.procs")).unwrap_or_default())
     }
 }
@@ -475,17 +480,17 @@ impl Drop for RunV1 {
 /// A run's usage counters at one moment (`None`: the kernel has no such
 /// file).
 #[derive(Debug, Clone, Copy, Default)]
-struct Counters {
-    oom_kills: Option<u64>,
-    failcnt: Option<u64>,
-    peak_memory_bytes: Option<u64>,
-    cpu_ns: Option<u64>,
+pub(super) struct Counters {
+    pub(super) oom_kills: Option<u64>,
+    pub(super) failcnt: Option<u64>,
+    pub(super) peak_memory_bytes: Option<u64>,
+    pub(super) cpu_ns: Option<u64>,
 }
 
 impl Counters {
     /// What was used since `start`; the peak is not a counter (it is reset
     /// when a slot is taken) and is taken as it is.
-    fn since(&self, start: &Counters) -> Usage {
+    pub(super) fn since(&self, start: &Counters) -> Usage {
         let delta =
             |now: Option<u64>, then: Option<u64>| now.map(|n| n.saturating_sub(then.unwrap_or(0)));
         Usage {
@@ -493,236 +498,6 @@ impl Counters {
             hit_memory_limit: delta(self.failcnt, start.failcnt).is_some_and(|n| n > 0),
             peak_memory_bytes: self.peak_memory_bytes,
             cpu_time: delta(self.cpu_ns, start.cpu_ns).map(Duration::from_nanos),
-        }
-    }
-}
-
-/// Idle run cgroups, and where threads go back to (see the module's doc).
-#[derive(Debug)]
-struct Pool {
-    /// `tasks` of this process's own cgroup in each hierarchy, in the order
-    /// of [`V1::parents`].
-    home: Vec<std::fs::File>,
-    idle: Mutex<Idle>,
-}
-
-#[derive(Debug, Default)]
-struct Idle {
-    slots: Vec<Slot>,
-    /// The driver is gone: slots are removed, not kept.
-    closed: bool,
-}
-
-impl Pool {
-    /// A pool whose threads go back to `homes`, this process's own cgroups.
-    /// Checks that they can: the calling thread moves (back) to its home.
-    fn new(fs: &dyn CgroupFs, homes: &[PathBuf]) -> Result<Pool> {
-        let home = homes
-            .iter()
-            .map(|dir| {
-                let path = dir.join("tasks");
-                let file = fs.open_write(&path).wrap("open", &path)?;
-                write_command(&file, "0").wrap("move this thread to", &path)?;
-                Ok(file)
-            })
-            .collect::<Result<_>>()?;
-        Ok(Pool {
-            home,
-            idle: Mutex::new(Idle::default()),
-        })
-    }
-
-    fn take(&self) -> Option<Slot> {
-        self.idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .slots
-            .pop()
-    }
-
-    /// Keeps `slot` for another run, or gives it back when the pool is
-    /// closed or full.
-    fn put(&self, slot: Slot) -> Option<Slot> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.closed || idle.slots.len() >= MAX_IDLE_SLOTS {
-            return Some(slot);
-        }
-        idle.slots.push(slot);
-        None
-    }
-}
-
-/// One pooled set of run cgroups. Dropping it kills what is in it and
-/// removes it.
-#[derive(Debug)]
-struct Slot {
-    cgroups: RunV1,
-    /// The limits its files hold.
-    limits: Limits,
-}
-
-impl Slot {
-    /// The limits of an idle slot: none that could hold up the thread that
-    /// passes through to clone init (see the module's doc).
-    fn idle_limits(&self) -> Limits {
-        Limits {
-            memory_bytes: None,
-            cpu_millis: None,
-            pids: self.limits.pids.filter(|&p| p >= 2),
-        }
-    }
-}
-
-/// A run's cgroups, taken from a [`Pool`].
-#[derive(Debug)]
-pub struct PooledRun {
-    pool: Arc<Pool>,
-    /// `None` once given back.
-    slot: Option<Slot>,
-    /// The run's limits, applied by `admit`.
-    limits: Limits,
-    /// The counters when the run took the slot.
-    start: Counters,
-    /// Cleared when a write to the slot failed: it is not reused.
-    reusable: std::sync::atomic::AtomicBool,
-}
-
-impl PooledRun {
-    fn cgroups(&self) -> &RunV1 {
-        &self.slot.as_ref().expect("a slot until removed").cgroups
-    }
-
-    fn spoil(&self) {
-        self.reusable
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Moves the calling thread to this process's own cgroups.
-    fn go_home(&self) -> Result<()> {
-        let mut first_error = None;
-        for (file, parent) in self.pool.home.iter().zip(&self.cgroups().dirs) {
-            if let Err(e) = write_command(file, "0") {
-                first_error.get_or_insert(CgroupError::Io {
-                    op: "move the cloning thread out of",
-                    path: parent.dir.clone(),
-                    source: e,
-                });
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-}
-
-impl RunCgroup for PooledRun {
-    fn enter(&self) -> Result<bool> {
-        let cgroups = self.cgroups();
-        for d in &cgroups.dirs {
-            let tasks = d.dir.join("tasks");
-            if let Err(e) = cgroups.fs.write(&tasks, "0") {
-                self.spoil();
-                // Back to where it was; the error that matters is this one.
-                let _ = self.go_home();
-                return Err(e).wrap("move the cloning thread into", &tasks);
-            }
-        }
-        Ok(true)
-    }
-
-    fn leave(&self) -> Result<()> {
-        self.go_home().inspect_err(|_| self.spoil())
-    }
-
-    fn thread_move(&self) -> Result<Option<crate::spawner::ThreadMove>> {
-        let cgroups = self.cgroups();
-        let mut enter = Vec::with_capacity(cgroups.dirs.len());
-        for d in &cgroups.dirs {
-            let tasks = d.dir.join("tasks");
-            match cgroups.fs.open_write(&tasks) {
-                Ok(f) => enter.push(f),
-                Err(e) => {
-                    self.spoil();
-                    return Err(e).wrap("open", &tasks);
-                }
-            }
-        }
-        let leave = self
-            .pool
-            .home
-            .iter()
-            .take(enter.len())
-            .map(std::os::fd::AsRawFd::as_raw_fd)
-            .collect();
-        Ok(Some(crate::spawner::ThreadMove { enter, leave }))
-    }
-
-    fn thread_move_failed(&self) {
-        self.spoil();
-    }
-
-    fn admit(&mut self, pid: libc::pid_t, placed: bool) -> Result<()> {
-        let limits = self.limits;
-        let slot = self.slot.as_mut().expect("a slot until removed");
-        if !placed {
-            slot.cgroups.admit(pid, false)?;
-        }
-        let applied = slot.cgroups.apply(&slot.limits, &limits);
-        slot.limits = limits;
-        if applied.is_err() {
-            self.spoil();
-        }
-        applied
-    }
-
-    fn kill(&self) -> Result<()> {
-        self.cgroups().kill()
-    }
-
-    fn usage(&self) -> Usage {
-        self.cgroups().counters().since(&self.start)
-    }
-
-    fn remove(&mut self) -> Result<()> {
-        let Some(mut slot) = self.slot.take() else {
-            return Ok(());
-        };
-        let empty = slot
-            .cgroups
-            .procs_dir()
-            .is_some_and(|d| slot.cgroups.procs(d).is_empty());
-        let reusable = empty && self.reusable.load(std::sync::atomic::Ordering::Relaxed) && {
-            let idle = slot.idle_limits();
-            let reset = slot.cgroups.apply(&slot.limits, &idle);
-            slot.limits = idle;
-            reset.is_ok()
-        };
-        let mut slot = if reusable {
-            match self.pool.put(slot) {
-                None => return Ok(()),
-                Some(slot) => slot,
-            }
-        } else {
-            slot
-        };
-        // Not reused: removed, with whatever is left in it.
-        slot.cgroups.kill()?;
-        slot.cgroups.remove()
-    }
-
-    fn dirs(&self) -> Vec<PathBuf> {
-        self.slot
-            .as_ref()
-            .map_or_else(Vec::new, |s| s.cgroups.dirs())
-    }
-}
-
-impl Drop for PooledRun {
-    fn drop(&mut self) {
-        if self.slot.is_none() {
-            return;
-        }
-        let _ = self.kill();
-        if let Err(e) = self.remove() {
-            tracing::warn!(error = %e, "cannot free a run cgroup");
         }
     }
 }

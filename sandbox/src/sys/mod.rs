@@ -1,5 +1,7 @@
-//! Raw system calls for the child side of a spawn.
+//! Every raw system call of the sandbox, in one place.
 //!
+//! Most of them run in a process cloned from a multi-threaded parent (init,
+//! the function before its exec, the spawner):
 //! Everything here may run in a process cloned from a multi-threaded parent, where
 //! only async-signal-safe operations are allowed: no allocation, no locks, and no
 //! glibc wrappers that coordinate with other threads (glibc's `setuid`/`setgroups`
@@ -12,63 +14,23 @@ use std::os::fd::RawFd;
 
 use nix::errno::Errno;
 
+mod mount;
+mod net;
+mod process;
+
+pub use mount::*;
+pub use net::*;
+pub use process::*;
+
 /// The result of a raw call: the errno on failure.
 pub type SysResult<T> = Result<T, Errno>;
 
-fn check(ret: libc::c_long) -> SysResult<libc::c_long> {
+pub(crate) fn check(ret: libc::c_long) -> SysResult<libc::c_long> {
     if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
 }
 
-fn check_int(ret: libc::c_int) -> SysResult<libc::c_int> {
+pub(crate) fn check_int(ret: libc::c_int) -> SysResult<libc::c_int> {
     if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
-}
-
-/// `clone_args` for clone3(2); declared here because libc does not have it on
-/// every architecture.
-#[repr(C)]
-#[derive(Default)]
-pub struct CloneArgs {
-    pub flags: u64,
-    pub pidfd: u64,
-    pub child_tid: u64,
-    pub parent_tid: u64,
-    pub exit_signal: u64,
-    pub stack: u64,
-    pub stack_size: u64,
-    pub tls: u64,
-    pub set_tid: u64,
-    pub set_tid_size: u64,
-    pub cgroup: u64,
-}
-
-/// clone3(2) with fork semantics (no new stack, no shared memory).
-///
-/// Returns 0 in the child and the child's pid in the parent.
-///
-/// # Safety
-/// In the child only async-signal-safe code may run until exec or exit.
-pub unsafe fn clone3(args: &mut CloneArgs) -> SysResult<libc::pid_t> {
-    // SAFETY: `args` is a valid, live clone_args of the size given; with a zero
-    // stack the child continues on a copy of this stack, like fork(2).
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
-    check(ret).map(|pid| pid as libc::pid_t)
-}
-
-/// fork(2) as a raw clone: no atfork handlers, no glibc bookkeeping.
-pub fn raw_fork() -> SysResult<libc::pid_t> {
-    let mut args = CloneArgs {
-        exit_signal: libc::SIGCHLD as u64,
-        ..CloneArgs::default()
-    };
-    // SAFETY: the callers of raw_fork are themselves in the async-signal-safe
-    // child and keep to it in the grandchild.
-    unsafe { clone3(&mut args) }
 }
 
 pub fn read(fd: RawFd, buf: &mut [u8]) -> SysResult<usize> {
@@ -140,80 +102,6 @@ pub fn setgroups(groups: &[libc::gid_t]) -> SysResult<()> {
     // SAFETY: groups is a valid slice of gid_t; raw syscall for the same reason
     // as setresuid.
     check(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) }).map(drop)
-}
-
-pub fn mount(
-    source: Option<&CStr>,
-    target: &CStr,
-    fstype: Option<&CStr>,
-    flags: libc::c_ulong,
-    data: Option<&CStr>,
-) -> SysResult<()> {
-    let ptr = |s: Option<&CStr>| s.map_or(std::ptr::null(), CStr::as_ptr);
-    // SAFETY: every pointer is either null or a NUL-terminated string that
-    // outlives the call.
-    check_int(unsafe {
-        libc::mount(
-            ptr(source),
-            target.as_ptr(),
-            ptr(fstype),
-            flags,
-            ptr(data).cast(),
-        )
-    })
-    .map(drop)
-}
-
-pub fn umount2(target: &CStr, flags: libc::c_int) -> SysResult<()> {
-    // SAFETY: target is NUL-terminated.
-    check_int(unsafe { libc::umount2(target.as_ptr(), flags) }).map(drop)
-}
-
-pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> SysResult<()> {
-    // SAFETY: both paths are NUL-terminated.
-    check(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })
-        .map(drop)
-}
-
-pub fn chdir(path: &CStr) -> SysResult<()> {
-    // SAFETY: path is NUL-terminated.
-    check_int(unsafe { libc::chdir(path.as_ptr()) }).map(drop)
-}
-
-/// mkdir that accepts an existing directory.
-pub fn mkdir(path: &CStr, mode: libc::mode_t) -> SysResult<()> {
-    // SAFETY: path is NUL-terminated.
-    match check_int(unsafe { libc::mkdir(path.as_ptr(), mode) }) {
-        Ok(_) | Err(Errno::EEXIST) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-pub fn rmdir(path: &CStr) -> SysResult<()> {
-    // SAFETY: path is NUL-terminated.
-    check_int(unsafe { libc::rmdir(path.as_ptr()) }).map(drop)
-}
-
-/// Creates an empty file to bind-mount a device node onto.
-pub fn touch(path: &CStr, mode: libc::mode_t) -> SysResult<()> {
-    // SAFETY: path is NUL-terminated.
-    let fd = check_int(unsafe {
-        libc::open(
-            path.as_ptr(),
-            libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            mode,
-        )
-    })?;
-    close(fd);
-    Ok(())
-}
-
-pub fn symlink(target: &CStr, link: &CStr) -> SysResult<()> {
-    // SAFETY: both paths are NUL-terminated.
-    match check_int(unsafe { libc::symlink(target.as_ptr(), link.as_ptr()) }) {
-        Ok(_) | Err(Errno::EEXIST) => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 pub fn sethostname(name: &CStr) -> SysResult<()> {
@@ -306,25 +194,6 @@ pub fn capset_none() -> SysResult<()> {
         .map(drop)
 }
 
-/// Brings up the loopback interface of the current network namespace.
-pub fn loopback_up() -> SysResult<()> {
-    // SAFETY: plain socket syscall.
-    let sock = check_int(unsafe {
-        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
-    })?;
-    // SAFETY: ifreq is plain old data; all-zero is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    req.ifr_ifru.ifru_flags =
-        (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as libc::c_short;
-    // SAFETY: SIOCSIFFLAGS reads a valid ifreq.
-    let ret = unsafe { libc::ioctl(sock, libc::SIOCSIFFLAGS, &req as *const libc::ifreq) };
-    close(sock);
-    check_int(ret).map(drop)
-}
-
 pub fn execve(path: &CStr, argv: &[*const libc::c_char], envp: &[*const libc::c_char]) -> Errno {
     // SAFETY: argv and envp are NULL-terminated arrays of pointers to strings the
     // parent prepared and that outlive the call; execve returns only on failure.
@@ -355,40 +224,6 @@ pub fn exit(code: libc::c_int) -> ! {
 pub fn setsid() -> SysResult<()> {
     // SAFETY: plain syscall without arguments.
     check(unsafe { libc::syscall(libc::SYS_setsid) }).map(drop)
-}
-
-/// The per-mount flags of the mount at `path`, as `MS_*` flags to pass back to
-/// a remount. In a user namespace a remount must keep the flags that a more
-/// privileged namespace locked (nosuid, nodev, noexec, atime), or it fails
-/// with EPERM.
-pub fn mount_flags(path: &CStr) -> SysResult<libc::c_ulong> {
-    // SAFETY: statfs64 is plain old data; all-zero is a valid value.
-    let mut st: libc::statfs64 = unsafe { std::mem::zeroed() };
-    // SAFETY: path is NUL-terminated and st a valid out pointer; on 64-bit
-    // targets the kernel's statfs is statfs64. Raw syscall: glibc's statvfs
-    // may read /proc/self/mountinfo and allocate.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_statfs,
-            path.as_ptr(),
-            &mut st as *mut libc::statfs64,
-        )
-    })?;
-    let st_flags = st.f_flags as libc::c_ulong;
-    let mut flags = 0;
-    for (st_flag, ms_flag) in [
-        (libc::ST_NOSUID, libc::MS_NOSUID),
-        (libc::ST_NODEV, libc::MS_NODEV),
-        (libc::ST_NOEXEC, libc::MS_NOEXEC),
-        (libc::ST_NOATIME, libc::MS_NOATIME),
-        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
-        (libc::ST_RELATIME, libc::MS_RELATIME),
-    ] {
-        if st_flags & st_flag != 0 {
-            flags |= ms_flag;
-        }
-    }
-    Ok(flags)
 }
 
 /// Reads a resource limit.

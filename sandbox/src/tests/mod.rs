@@ -6,11 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
+use crate::steps::{DEV_NODES, MASKED_PATHS, READ_ONLY_PATHS, Step};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 const BUSYBOX: &str = "/bin/busybox";
+/// The timeout of test runs, unless a test says otherwise.
+const TIMEOUT: Duration = Duration::from_secs(20);
 const APPLETS: &[&str] = &[
     "sh", "cat", "echo", "sleep", "id", "hostname", "ls", "wc", "head", "dd", "mount", "pwd",
-    "env", "touch", "test", "grep", "tr", "tail", "unshare", "stat", "cut", "mkdir",
+    "env", "touch", "test", "grep", "tr", "tail", "unshare", "stat", "cut", "mkdir", "nc",
 ];
 
 /// A temp dir with a busybox layer in it, readable by the sandbox's mapped root.
@@ -141,13 +146,15 @@ impl Fixture {
             gid: 0,
             groups: vec![],
             network: Network::Isolated,
-            timeout: Duration::from_secs(20),
             limits: Limits::default(),
         }
     }
 
     async fn sh(&self, script: &str) -> Outcome {
-        self.sandbox.run(&self.spec(script), b"").await.unwrap()
+        self.sandbox
+            .run(&self.spec(script), b"", TIMEOUT)
+            .await
+            .unwrap()
     }
 }
 
@@ -211,7 +218,7 @@ async fn echoes_stdin_of_any_size_without_deadlock() {
     spec.argv = vec!["cat".into()];
     // Far beyond a pipe buffer in both directions.
     let input: Vec<u8> = (0..8 << 20).map(|i| (i % 251) as u8).collect();
-    let out = fx.sandbox.run(&spec, &input).await.unwrap();
+    let out = fx.sandbox.run(&spec, &input, TIMEOUT).await.unwrap();
     assert_eq!(out.status, Status::Exited(0));
     assert_eq!(out.stdout.len(), input.len());
     assert!(out.stdout == input);
@@ -240,7 +247,7 @@ async fn function_starts_with_default_signal_dispositions() {
         "^Sig(Ign|Blk):".into(),
         "/proc/self/status".into(),
     ];
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
     let s = text(&out.stdout);
     assert_eq!(out.status, Status::Exited(0), "{s}");
     // The runner ignores SIGPIPE (as every Rust program does); the function
@@ -265,7 +272,7 @@ async fn honours_env_workdir_and_sees_a_private_world() {
          ls /dev | tr '\\n' ' '; cat /etc/motd",
     );
     spec.workdir = "/work/dir".into();
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
     let s = text(&out.stdout);
     assert_eq!(
         out.status,
@@ -298,7 +305,7 @@ async fn runner_network_shares_the_host_namespace() {
     let fx = Fixture::new();
     let mut spec = fx.spec("cat /proc/net/dev | tail -n +3 | wc -l");
     spec.network = Network::Runner;
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
     let host = std::fs::read_to_string("/proc/net/dev")
         .unwrap()
         .lines()
@@ -314,11 +321,11 @@ async fn runs_as_the_requested_user_when_ids_are_mapped() {
     spec.uid = 1000;
     spec.gid = 2000;
     if fx.sandbox.config().id_map.size() == 1 {
-        let err = fx.sandbox.run(&spec, b"").await.unwrap_err();
+        let err = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap_err();
         assert!(err.to_string().contains("uid 1000 is not mapped"), "{err}");
         return;
     }
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
     assert_eq!(text(&out.stdout).trim(), "1000:2000");
 }
 
@@ -347,11 +354,14 @@ async fn writes_are_thrown_away_and_never_reach_the_layer() {
 async fn timeout_kills_every_process_of_the_run() {
     let fx = Fixture::new();
     let marker = format!("{}", 4000 + std::process::id() % 1000);
-    let mut spec = fx.spec(&format!(
+    let spec = fx.spec(&format!(
         "sleep {marker} & (sleep {marker} &) ; setsid sleep {marker} & sleep {marker}"
     ));
-    spec.timeout = Duration::from_millis(800);
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx
+        .sandbox
+        .run(&spec, b"", Duration::from_millis(800))
+        .await
+        .unwrap();
     assert_eq!(out.status, Status::TimedOut);
     assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
     assert_no_process_with(&format!("sleep\0{marker}"));
@@ -388,7 +398,7 @@ async fn unread_input_does_not_block() {
     let input = vec![b'x'; 16 << 20];
     let out = fx
         .sandbox
-        .run(&fx.spec("echo ignored"), &input)
+        .run(&fx.spec("echo ignored"), &input, TIMEOUT)
         .await
         .unwrap();
     assert_eq!(out.status, Status::Exited(0));
@@ -400,7 +410,12 @@ async fn missing_entrypoint_is_a_clear_error() {
     let fx = Fixture::new();
     let mut spec = fx.spec("");
     spec.argv = vec!["no-such-binary".into()];
-    let err = fx.sandbox.run(&spec, b"").await.unwrap_err().to_string();
+    let err = fx
+        .sandbox
+        .run(&spec, b"", TIMEOUT)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("execute the entrypoint"), "{err}");
     assert!(err.contains("no-such-binary"), "{err}");
     assert!(err.contains("ENOENT"), "{err}");
@@ -411,7 +426,7 @@ async fn dropping_the_run_kills_it() {
     let fx = Fixture::new();
     let marker = format!("{}", 6000 + std::process::id() % 1000);
     let spec = fx.spec(&format!("sleep {marker}"));
-    let run = fx.sandbox.run(&spec, b"");
+    let run = fx.sandbox.run(&spec, b"", TIMEOUT);
     assert!(
         tokio::time::timeout(Duration::from_millis(500), run)
             .await
@@ -453,7 +468,11 @@ fn concurrent_spawns_while_other_threads_allocate() {
                 let mut spec = fx.spec("");
                 spec.argv = vec!["cat".into()];
                 let input = format!("run {i}\n").repeat(1000);
-                let out = fx.sandbox.run(&spec, input.as_bytes()).await.unwrap();
+                let out = fx
+                    .sandbox
+                    .run(&spec, input.as_bytes(), TIMEOUT)
+                    .await
+                    .unwrap();
                 assert_eq!(out.status, Status::Exited(0));
                 assert_eq!(out.stdout, input.as_bytes());
             }));
@@ -474,7 +493,7 @@ fn concurrent_spawns_while_other_threads_allocate() {
 #[test]
 fn plan_builds_the_root_in_a_safe_order() {
     let fx = Fixture::new();
-    let steps = fx.sandbox.plan_steps(&fx.spec("true"), "t").unwrap();
+    let steps = crate::steps::rootfs(fx.sandbox.config(), &fx.spec("true"), "t").unwrap();
     let described: Vec<String> = steps.iter().map(Step::describe).collect();
     let pos = |needle: &str| {
         described
@@ -659,7 +678,7 @@ async fn sys_is_a_read_only_sysfs_or_empty() {
     assert_eq!(text(&out.stdout), "lo\n0\n", "{}", text(&out.stderr_tail));
     let mut spec = fx.spec("ls -A /sys | wc -l");
     spec.network = Network::Runner;
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
     assert_eq!(text(&out.stdout), "0\n", "{}", text(&out.stderr_tail));
 }
 
@@ -733,17 +752,17 @@ async fn memory_limit_ends_a_balloon_with_out_of_memory() {
     spec.limits.memory_bytes = Some(64 << 20);
     if !fx.sandbox.limit_support().memory.is_available() {
         // Rootless without a delegated cgroup.
-        let err = fx.sandbox.run(&spec, b"").await.unwrap_err();
+        let err = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap_err();
         assert!(
             matches!(err, Error::LimitUnavailable { what: "memory", .. }),
             "{err}"
         );
         fx.reconfigure(|c| c.best_effort_limits = true);
-        let out = fx.sandbox.run(&spec, b"").await.unwrap();
+        let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
         assert_eq!(out.status, Status::Exited(0));
         return;
     }
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
     assert_eq!(
         out.status,
         Status::OutOfMemory,
@@ -755,7 +774,7 @@ async fn memory_limit_ends_a_balloon_with_out_of_memory() {
 
     // The control: without the limit the same run succeeds.
     spec.limits.memory_bytes = None;
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
     assert_eq!(out.status, Status::Exited(0), "{}", text(&out.stderr_tail));
     let peak = out.peak_memory_bytes.unwrap();
     assert!(peak > 150 << 20, "peak {peak}");
@@ -770,11 +789,9 @@ async fn fork_bomb_is_contained_by_the_default_pids_limit() {
     // in its command line. Each one waits for the two it forks, so the tree
     // only grows until forks fail. The shell forks its sleep first and then
     // nothing more (a failed fork ends a non-interactive busybox sh).
-    let mut spec = fx.spec(&format!(
+    let spec = fx.spec(&format!(
         ": {marker}; sleep 3 & s=$!; b() {{ b | b; }}; b & wait $s; echo done"
     ));
-    // A safety net only: the limit, not the timeout, must contain the bomb.
-    spec.timeout = Duration::from_secs(8);
     let stop = Arc::new(AtomicBool::new(false));
     let counter = {
         let stop = stop.clone();
@@ -788,7 +805,12 @@ async fn fork_bomb_is_contained_by_the_default_pids_limit() {
             most
         })
     };
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    // The timeout is a safety net only: the limit must contain the bomb.
+    let out = fx
+        .sandbox
+        .run(&spec, b"", Duration::from_secs(8))
+        .await
+        .unwrap();
     stop.store(true, Ordering::Relaxed);
     let most = counter.join().unwrap();
     println!(
@@ -831,13 +853,13 @@ async fn cpu_limit_slows_a_busy_loop() {
     let mut limited = fx.spec(script);
     limited.limits.cpu_millis = Some(100);
     if !fx.sandbox.limit_support().cpu.is_available() {
-        let err = fx.sandbox.run(&limited, b"").await.unwrap_err();
+        let err = fx.sandbox.run(&limited, b"", TIMEOUT).await.unwrap_err();
         assert!(
             matches!(err, Error::LimitUnavailable { what: "cpu", .. }),
             "{err}"
         );
         fx.reconfigure(|c| c.best_effort_limits = true);
-        let out = fx.sandbox.run(&limited, b"").await.unwrap();
+        let out = fx.sandbox.run(&limited, b"", TIMEOUT).await.unwrap();
         assert_eq!(out.status, Status::Exited(0));
         return;
     }
@@ -851,8 +873,10 @@ async fn cpu_limit_slows_a_busy_loop() {
     // other work (builds of other crates...) it is retried a few times.
     for attempt in 1.. {
         // Side by side, so that both see the same load from anything else.
-        let (free, limited) =
-            tokio::join!(fx.sandbox.run(&free, b""), fx.sandbox.run(&limited, b""));
+        let (free, limited) = tokio::join!(
+            fx.sandbox.run(&free, b"", TIMEOUT),
+            fx.sandbox.run(&limited, b"", TIMEOUT)
+        );
         let (free, limited) = (free.unwrap(), limited.unwrap());
         let (n_free, n_limited) = (count(&free), count(&limited));
         let (cpu_free, cpu_limited) = (free.cpu_time.unwrap(), limited.cpu_time.unwrap());
@@ -893,16 +917,16 @@ async fn requested_limits_are_refused_or_applied_never_ignored() {
     };
     let support = fx.sandbox.limit_support().clone();
     if support.memory.is_available() && support.cpu.is_available() {
-        let out = fx.sandbox.run(&spec, b"").await.unwrap();
+        let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
         assert_eq!(text(&out.stdout), "ok\n");
         assert!(out.peak_memory_bytes.is_some());
         assert!(out.cpu_time.is_some());
     } else {
-        let err = fx.sandbox.run(&spec, b"").await.unwrap_err();
+        let err = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap_err();
         assert!(matches!(err, Error::LimitUnavailable { .. }), "{err}");
         assert!(err.to_string().contains("cannot be enforced"), "{err}");
         fx.reconfigure(|c| c.best_effort_limits = true);
-        let out = fx.sandbox.run(&spec, b"").await.unwrap();
+        let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
         assert_eq!(text(&out.stdout), "ok\n");
     }
 }
@@ -915,8 +939,11 @@ async fn an_explicit_pids_limit_caps_the_run() {
          echo started; ls /proc | grep -c '^[0-9]'",
     );
     spec.limits.pids = Some(8);
-    spec.timeout = Duration::from_secs(10);
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx
+        .sandbox
+        .run(&spec, b"", Duration::from_secs(10))
+        .await
+        .unwrap();
     let s = text(&out.stdout);
     // init, the shell and its sleeps; `ls` and `grep` need slots too, so the
     // count, when it can be taken at all, stays within the limit.
@@ -1014,7 +1041,7 @@ async fn v1_runs_reuse_one_cgroup_with_their_own_limits_and_usage() {
         cpu_millis: Some(1500),
         pids: Some(50),
     };
-    let (first, limits) = tokio::join!(fx.sandbox.run(&spec, b""), busy_limits(&fx));
+    let (first, limits) = tokio::join!(fx.sandbox.run(&spec, b"", TIMEOUT), busy_limits(&fx));
     let first = first.unwrap();
     assert_eq!(
         limits,
@@ -1045,7 +1072,7 @@ async fn v1_runs_reuse_one_cgroup_with_their_own_limits_and_usage() {
     // first run's OOM kill and CPU time do not count.
     let mut spec = fx.spec("sleep 0.3; exit 3");
     spec.limits = Limits::default();
-    let (second, limits) = tokio::join!(fx.sandbox.run(&spec, b""), busy_limits(&fx));
+    let (second, limits) = tokio::join!(fx.sandbox.run(&spec, b"", TIMEOUT), busy_limits(&fx));
     let second = second.unwrap();
     assert_eq!(
         cgroups_left(&fx.sandbox),
@@ -1104,7 +1131,7 @@ async fn without_the_pool_each_v1_run_gets_cgroups_of_its_own() {
     let mut spec = fx.spec("sleep 0.3; head -c 64m /dev/zero | tail > /dev/null");
     spec.limits.memory_bytes = Some(16 << 20);
     let (out, limit) = tokio::join!(
-        fx.sandbox.run(&spec, b""),
+        fx.sandbox.run(&spec, b"", TIMEOUT),
         busy_cgroup_file(&fx, "memory", "memory.limit_in_bytes")
     );
     assert_eq!(limit, "16777216");
@@ -1160,7 +1187,10 @@ async fn init_of(cmdline: &str) -> i32 {
 async fn init_is_cloned_by_the_spawner_as_a_child_of_this_process() {
     let fx = Fixture::new();
     let spec = fx.spec("sleep 1.25; echo done");
-    let (out, init) = tokio::join!(fx.sandbox.run(&spec, b""), init_of("sleep\x001.25\x00"));
+    let (out, init) = tokio::join!(
+        fx.sandbox.run(&spec, b"", TIMEOUT),
+        init_of("sleep\x001.25\x00")
+    );
     assert_eq!(out.unwrap().stdout, b"done\n");
     // A clone of the spawner (it carries the name of the spawner's thread), and
     // this process's child: it reaped init through its pidfd.
@@ -1197,7 +1227,7 @@ async fn init_is_cloned_by_the_spawner_as_a_child_of_this_process() {
             proc_status(init, "PPid"),
         )
     };
-    let (out, (comm, parent)) = tokio::join!(fx.sandbox.run(&spec, b""), check);
+    let (out, (comm, parent)) = tokio::join!(fx.sandbox.run(&spec, b"", TIMEOUT), check);
     assert_eq!(out.unwrap().stdout, b"again\n");
     assert_eq!(comm.trim(), "fnrun-spawner");
     assert_eq!(parent.as_deref(), Some(me.as_str()));
@@ -1211,7 +1241,7 @@ async fn without_the_spawner_init_is_cloned_here() {
         let init = init_of("sleep\x001.75\x00").await;
         std::fs::read_to_string(format!("/proc/{init}/comm")).unwrap()
     };
-    let (out, comm) = tokio::join!(fx.sandbox.run(&spec, b""), check);
+    let (out, comm) = tokio::join!(fx.sandbox.run(&spec, b"", TIMEOUT), check);
     assert_eq!(out.unwrap().stdout, b"here\n");
     assert_ne!(comm.trim(), "fnrun-spawner");
     assert_eq!(fx.sandbox.spawner_pid(), None);
@@ -1261,7 +1291,85 @@ async fn a_plan_too_large_for_the_spawner_is_cloned_here() {
     for name in ["A", "B", "C"] {
         spec.env.push(format!("{name}={}", "x".repeat(100 << 10)));
     }
-    let out = fx.sandbox.run(&spec, b"").await.unwrap();
+    let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
     assert_eq!(out.status, Status::Exited(0));
     assert_eq!(out.stdout, b"102400102400102400\n");
 }
+
+/// `n` layers above the fixture's busybox layer, named like the cache names
+/// them (a 64-hex digest each, all in one directory), each with a file of its
+/// own and its own copy of `/deep/top`: the topmost must win.
+fn deep_layers(fx: &Fixture, n: usize) -> Vec<PathBuf> {
+    let parent = fx.dir.path().join("layers");
+    let mut layers = vec![fx.layer()];
+    for i in 0..n {
+        let layer = parent.join(format!("{i:064x}"));
+        std::fs::create_dir_all(layer.join("deep")).unwrap();
+        std::fs::write(layer.join("deep").join(format!("f{i}")), "").unwrap();
+        std::fs::write(layer.join("deep/top"), format!("layer {i}\n")).unwrap();
+        for d in [&layer, &layer.join("deep")] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        if let IdMap::Range {
+            host_uid, host_gid, ..
+        } = fx.sandbox.config().id_map
+        {
+            chown_tree(&layer, host_uid, host_gid);
+        }
+        layers.push(layer);
+    }
+    layers
+}
+
+/// Whether this kernel's overlayfs takes `lowerdir+` (Linux 6.8).
+fn kernel_has_lowerdir_plus() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']);
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    (next(), next()) >= (6, 8)
+}
+
+/// Docker's limit of 127 layers: 64-character names do not fit in one
+/// `lowerdir` option (a page), so layers are added one by one with the new
+/// mount API, or mounted through short names; the root's mount entry shows
+/// which.
+#[tokio::test]
+async fn an_image_of_127_layers_runs() {
+    for (overlay, first_lower) in [
+        (
+            OverlayMount::Auto,
+            if kernel_has_lowerdir_plus() {
+                format!("lowerdir+={:064x}", 126)
+            } else {
+                "lowerdir=0".to_owned()
+            },
+        ),
+        (OverlayMount::Legacy, "lowerdir=0".to_owned()),
+    ] {
+        let fx = Fixture::with(|c| c.overlay = overlay);
+        let mut spec = fx.spec(
+            "ls /deep | wc -l; cat /deep/top; \
+             grep -o ' - overlay overlay rw,lowerdir[+]*=[^,:]*' /proc/self/mountinfo",
+        );
+        spec.layers = deep_layers(&fx, 127);
+        let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
+        assert_eq!(
+            out.status,
+            Status::Exited(0),
+            "{overlay:?}: {}",
+            text(&out.stderr_tail)
+        );
+        assert_eq!(
+            text(&out.stdout),
+            format!("128\nlayer 126\n - overlay overlay rw,{first_lower}\n"),
+            "{overlay:?}"
+        );
+    }
+}
+
+mod service;

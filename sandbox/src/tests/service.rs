@@ -1,0 +1,306 @@
+//! Service runs on real namespaces: started, reached through connections
+//! opened inside their network namespace, watched, stopped, and cleaned up,
+//! alone and alongside per-call runs, as root and rootless.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::*;
+use crate::{Service, ServiceExit};
+
+/// A port that is free on the host: the services' own is not published, so
+/// the host must not answer on it.
+fn service_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap().port()
+}
+
+/// busybox's `nc` as a persistent echo server on `port`.
+fn echo_server(fx: &Fixture, port: u16) -> RunSpec {
+    fx.spec(&format!(
+        "echo listening on {port}; exec nc -ll -p {port} -e cat"
+    ))
+}
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A connection to the service's `port`, once it listens.
+async fn connect_when_ready(service: &Service, port: u16) -> tokio::net::TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match service.connect(local(port)).await {
+            Ok(stream) => return stream,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                assert!(Instant::now() < deadline, "the service never listened");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("cannot connect to the service: {e}"),
+        }
+    }
+}
+
+/// Sends `line` and reads the echo.
+async fn echo(stream: tokio::net::TcpStream, line: &str) -> String {
+    let (read, mut write) = stream.into_split();
+    write
+        .write_all(format!("{line}\n").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    BufReader::new(read).read_line(&mut answer).await.unwrap();
+    answer.trim_end().to_owned()
+}
+
+fn alive(pid: libc::pid_t) -> bool {
+    proc_status(pid, "State").is_some_and(|s| !s.starts_with('Z'))
+}
+
+#[tokio::test]
+async fn a_service_is_reached_inside_its_network_namespace_and_stopped() {
+    let fx = Fixture::new();
+    let port = service_port();
+    let service = fx.sandbox.start_service(&echo_server(&fx, port)).unwrap();
+    let init = service.pid();
+    assert!(alive(init));
+    let stream = connect_when_ready(&service, port).await;
+    assert_eq!(echo(stream, "hello").await, "hello");
+    // Two connections at once, each its own.
+    let (a, b) = tokio::join!(
+        connect_when_ready(&service, port),
+        connect_when_ready(&service, port)
+    );
+    let (a, b) = tokio::join!(echo(a, "one"), echo(b, "two"));
+    assert_eq!((a.as_str(), b.as_str()), ("one", "two"));
+    // Nothing listens on the host: the port lives in the run's namespace.
+    let refused = std::net::TcpStream::connect(local(port)).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    assert_eq!(service.try_exit().map(|e| e.stopped), None);
+    assert!(
+        text(&service.output_tail()).contains(&format!("listening on {port}")),
+        "{}",
+        text(&service.output_tail())
+    );
+
+    let exit = service.stop().await;
+    assert!(exit.stopped, "{exit:?}");
+    assert_eq!(exit.status.unwrap(), Status::Signaled(libc::SIGKILL));
+    assert!(!alive(init), "init {init} outlived the stop");
+    // The fixture's drop checks that no process is left in the run's cgroups
+    // and that they go with the sandbox.
+}
+
+#[tokio::test]
+async fn a_service_that_exits_reports_it_with_its_output() {
+    let fx = Fixture::new();
+    let spec = fx.spec("echo starting; echo oops >&2; exit 3");
+    let service = fx.sandbox.start_service(&spec).unwrap();
+    let exit = tokio::time::timeout(TIMEOUT, service.exited())
+        .await
+        .expect("the exit is reported");
+    assert!(!exit.stopped);
+    assert_eq!(exit.status.unwrap(), Status::Exited(3));
+    assert_eq!(text(&exit.output_tail), "starting\noops\n");
+    // Its namespace is gone with it: no connection can be opened there.
+    let err = service.connect(local(9443)).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::NotConnected, "{err}");
+    assert!(service.try_exit().is_some());
+}
+
+#[tokio::test]
+async fn a_service_that_cannot_start_says_why() {
+    let fx = Fixture::new();
+    let mut spec = fx.spec("true");
+    spec.argv = vec!["/no/such/server".into()];
+    let service = fx.sandbox.start_service(&spec).unwrap();
+    let exit = service.exited().await;
+    let err = exit.status.unwrap_err();
+    assert!(
+        matches!(
+            *err,
+            Error::Exec {
+                errno: nix::errno::Errno::ENOENT,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_service_past_its_memory_limit_is_out_of_memory() {
+    let fx = Fixture::new();
+    if !fx.sandbox.limit_support().memory.is_available() {
+        eprintln!("skipped: no memory limit on this host");
+        return;
+    }
+    // One endless line: tail's buffer grows until the limit stops it.
+    let mut spec = fx.spec("exec tail /dev/zero");
+    spec.limits.memory_bytes = Some(16 << 20);
+    let service = fx.sandbox.start_service(&spec).unwrap();
+    let exit = tokio::time::timeout(TIMEOUT, service.exited())
+        .await
+        .expect("the OOM kill ends it");
+    assert_eq!(exit.status.unwrap(), Status::OutOfMemory);
+}
+
+#[tokio::test]
+async fn dropping_a_service_stops_it_and_leaves_nothing() {
+    let fx = Fixture::new();
+    let port = service_port();
+    let service = fx.sandbox.start_service(&echo_server(&fx, port)).unwrap();
+    let init = service.pid();
+    let stream = connect_when_ready(&service, port).await;
+    drop(service);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(init) {
+        assert!(
+            Instant::now() < deadline,
+            "init {init} outlived its service"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The open connection sees the end of its server.
+    let mut line = String::new();
+    let (read, _write) = stream.into_split();
+    let n = BufReader::new(read).read_line(&mut line).await.unwrap_or(0);
+    assert_eq!(n, 0);
+    // The fixture's drop checks that no cgroup of the run is left.
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_service_runs_alongside_per_call_runs() {
+    let fx = Arc::new(Fixture::new());
+    let services: Vec<(u16, Service)> = (0..6)
+        .map(|_| {
+            let port = service_port();
+            (
+                port,
+                fx.sandbox.start_service(&echo_server(&fx, port)).unwrap(),
+            )
+        })
+        .collect();
+    let calls = (0..24).map(|i| {
+        let fx = fx.clone();
+        tokio::spawn(async move {
+            let out = fx
+                .sandbox
+                .run(&fx.spec("cat"), format!("call {i}").as_bytes(), TIMEOUT)
+                .await
+                .unwrap();
+            assert_eq!(text(&out.stdout), format!("call {i}"));
+        })
+    });
+    let echoes = services
+        .iter()
+        .enumerate()
+        .map(|(i, (port, service))| async move {
+            for round in 0..3 {
+                let stream = connect_when_ready(service, *port).await;
+                assert_eq!(
+                    echo(stream, &format!("service {i} round {round}")).await,
+                    format!("service {i} round {round}")
+                );
+            }
+        });
+    let (calls, ()) = tokio::join!(futures_join_all(calls), async {
+        for e in echoes {
+            e.await;
+        }
+    });
+    for c in calls {
+        c.unwrap();
+    }
+    let inits: Vec<_> = services.iter().map(|(_, s)| s.pid()).collect();
+    let mut exits: Vec<ServiceExit> = Vec::new();
+    for (_, service) in services {
+        exits.push(service.stop().await);
+    }
+    assert!(exits.iter().all(|e| e.stopped));
+    assert!(inits.iter().all(|&p| !alive(p)));
+}
+
+/// Awaits every handle (the crate has no `futures` dependency).
+async fn futures_join_all<T>(
+    handles: impl IntoIterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<Result<T, tokio::task::JoinError>> {
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await);
+    }
+    out
+}
+
+/// Set in the child process of the rootless test.
+const ROOTLESS_CHILD: &str = "FNRUN_SANDBOX_TEST_ROOTLESS_CHILD";
+
+/// A rootless runner cannot enter the run's network namespace (that needs
+/// CAP_SYS_ADMIN in its own user namespace too): the sockets init hands out
+/// are how it connects. The test runs this test binary again as `nobody`
+/// (uid 65534), where it takes the child's part.
+#[test]
+fn service_runs_work_for_a_rootless_runner() {
+    if std::env::var_os(ROOTLESS_CHILD).is_some() {
+        return rootless_child();
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: runs the rootless part as nobody, which needs root");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+        ])
+        .arg(exe)
+        .args([
+            "--exact",
+            "tests::service::service_runs_work_for_a_rootless_runner",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROOTLESS_CHILD, "1")
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the rootless part failed:\n{all}");
+    assert!(all.contains("rootless service echoed"), "{all}");
+}
+
+fn rootless_child() {
+    assert_ne!(nix::unistd::geteuid().as_raw(), 0);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let fx = Fixture::new();
+            assert!(
+                matches!(fx.sandbox.config().id_map, IdMap::Own { .. }),
+                "{:?}",
+                fx.sandbox.config().id_map
+            );
+            let port = service_port();
+            let service = fx.sandbox.start_service(&echo_server(&fx, port)).unwrap();
+            let stream = connect_when_ready(&service, port).await;
+            assert_eq!(echo(stream, "rootless").await, "rootless");
+            let out = fx.sh("id -u").await;
+            assert_eq!(text(&out.stdout), "0\n");
+            let init = service.pid();
+            let exit = service.stop().await;
+            assert!(exit.stopped);
+            assert!(!alive(init));
+            println!("rootless service echoed");
+        });
+}
