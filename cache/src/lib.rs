@@ -15,6 +15,7 @@ mod manifest;
 mod progress;
 mod reference;
 mod registry;
+mod rootfs;
 mod store;
 mod token;
 mod unpack;
@@ -33,6 +34,7 @@ pub use crate::manifest::ManifestError;
 pub use crate::progress::{NoProgress, PullProgress};
 pub use crate::reference::{DOCKER_HUB, ImageRef, ReferenceError};
 pub use crate::registry::RegistryError;
+pub use crate::rootfs::{LayerStack, MAX_SYMLINKS, RootfsError};
 pub use crate::store::StoreError;
 pub use crate::unpack::UnpackError;
 
@@ -192,6 +194,20 @@ pub struct Image {
     /// Whether this `get` resolved the image in a registry (a pull), rather
     /// than from the local reference index or an OCI layout.
     pub pulled: bool,
+}
+
+impl Image {
+    /// The image's merged root file system, read the way the sandbox's overlay shows
+    /// it (see [`LayerStack`]).
+    pub fn rootfs(&self) -> Result<LayerStack, RootfsError> {
+        LayerStack::open(&self.layers)
+    }
+
+    /// The regular file at the absolute `path` of the image's root file system (see
+    /// [`LayerStack::read_file`]).
+    pub fn read_file(&self, path: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, RootfsError> {
+        self.rootfs()?.read_file(path, max_bytes)
+    }
 }
 
 /// The parts of an image config a run needs.

@@ -50,6 +50,8 @@ pub enum RunError {
     #[error("{0}")]
     Image(#[from] fnrun_cache::Error),
     #[error("{0}")]
+    User(#[from] crate::user::UserError),
+    #[error("{0}")]
     Sandbox(#[from] fnrun_sandbox::Error),
     #[error("function exited with code {code}{}", stderr_suffix(.stderr))]
     FunctionFailed { code: i32, stderr: String },
@@ -104,6 +106,8 @@ impl RunError {
                 CacheKind::Unavailable => Class::Unavailable,
                 CacheKind::Corrupt | CacheKind::Internal => Class::Internal,
             },
+            RunError::User(e) if e.is_internal() => Class::Internal,
+            RunError::User(_) => Class::InvalidArgument,
             RunError::Sandbox(e) => match e {
                 fnrun_sandbox::Error::InvalidSpec(_)
                 | fnrun_sandbox::Error::LimitUnavailable { .. } => Class::FailedPrecondition,
@@ -127,6 +131,8 @@ impl RunError {
             | RunError::RegistryNotAllowed { .. } => "invalid_request",
             RunError::Overloaded { .. } => "rejected",
             RunError::Image(_) => "image_error",
+            RunError::User(e) if e.is_internal() => "image_error",
+            RunError::User(_) => "invalid_request",
             RunError::Sandbox(_) => "sandbox_error",
             RunError::FunctionFailed { .. } | RunError::FunctionKilled { .. } => "function_failed",
             RunError::TimedOut { .. } => "timeout",

@@ -279,8 +279,7 @@ impl Runner {
             }
         };
 
-        let exec_user = user::resolve(&image.config.user, &image.layers)
-            .map_err(|e| RunError::InvalidRequest(e.to_string()))?;
+        let exec_user = user::for_image(&image)?;
         let (uid, gid, groups) = match self.sandbox.config().id_map {
             IdMap::Range { .. } => (exec_user.uid, exec_user.gid, exec_user.groups),
             IdMap::Own { .. } => {
