@@ -758,6 +758,7 @@ mod tests {
     }
 
     fn open(root: &Path) -> Cache {
+        crate::install_test_crypto_provider();
         Cache::open(CacheConfig::new(root)).unwrap()
     }
 

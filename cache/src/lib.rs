@@ -395,10 +395,12 @@ impl fmt::Debug for Cache {
 impl Cache {
     /// Opens the cache at `config.root`, creating its layout and removing tmp/ leftovers
     /// of processes that are gone.
+    ///
+    /// Registries are spoken to with rustls, built without a crypto provider of its
+    /// own: the program must install the process's default provider first (the `fnrun`
+    /// binary installs ring in `main`). Without one this fails with
+    /// [`RegistryError::NoCryptoProvider`].
     pub fn open(config: CacheConfig) -> Result<Cache, Error> {
-        // Registry TLS uses rustls with ring, the only provider linked; make it
-        // the process default (a no-op when the binary already did).
-        let _ = rustls::crypto::ring::default_provider().install_default();
         config.owner.validate()?;
         let owner_tag = config.owner.tag();
         let store = Store::open(&config.root, &owner_tag)?;
@@ -1176,6 +1178,13 @@ impl Inner {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Installs ring as the process's rustls provider, as the `fnrun` binary does, for tests
+/// that open a cache or speak to a registry.
+#[cfg(test)]
+pub(crate) fn install_test_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 #[cfg(test)]

@@ -87,6 +87,10 @@ pub enum RegistryError {
         expected: u64,
         actual: u64,
     },
+    #[error(
+        "no rustls crypto provider is installed in this process: install one (e.g. rustls::crypto::ring::default_provider().install_default()) before opening the cache"
+    )]
+    NoCryptoProvider,
     #[error("invalid CA bundle: {0}")]
     CaBundle(String),
     #[error("failed to {op} {path}: {err}")]
@@ -104,7 +108,9 @@ impl RegistryError {
             RegistryError::NotFound { .. } => K::NotFound,
             RegistryError::Unauthorized { .. } => K::Unauthorized,
             RegistryError::Unavailable { .. } => K::Unavailable,
-            RegistryError::Io { .. } | RegistryError::CaBundle(_) => K::Internal,
+            RegistryError::Io { .. }
+            | RegistryError::CaBundle(_)
+            | RegistryError::NoCryptoProvider => K::Internal,
             RegistryError::Invalid { .. }
             | RegistryError::DigestMismatch { .. }
             | RegistryError::TooLarge { .. }
@@ -261,8 +267,11 @@ impl Registries {
         insecure: Vec<String>,
         ca_bundle: Option<&[u8]>,
     ) -> Result<Registries, RegistryError> {
-        // The only rustls provider linked; a no-op if one is installed already.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // reqwest (here and in oci-client) panics when it builds a TLS client
+        // without one: refuse here, where it can be said clearly.
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            return Err(RegistryError::NoCryptoProvider);
+        }
         Ok(Registries {
             clients: Mutex::new(HashMap::new()),
             insecure,
@@ -824,6 +833,7 @@ mod tests {
     #[tokio::test]
     async fn unreachable_registry_is_unavailable() {
         // Nothing listens on port 1 of loopback.
+        crate::install_test_crypto_provider();
         let regs = Registries::new(Vec::new(), None).unwrap();
         let repo = Repo {
             registry: "127.0.0.1:1".into(),
@@ -981,6 +991,7 @@ mod tests {
     #[tokio::test]
     async fn identity_and_registry_tokens() {
         let (addr, task) = token_registry().await;
+        crate::install_test_crypto_provider();
         let regs = Registries::new(Vec::new(), None).unwrap();
         let repo = Repo {
             registry: addr.clone(),

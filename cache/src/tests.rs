@@ -148,7 +148,13 @@ fn noise(len: usize) -> Vec<u8> {
 }
 
 fn cache_at(root: &Path) -> Cache {
-    Cache::open(CacheConfig::new(root)).unwrap()
+    open_cache(CacheConfig::new(root)).unwrap()
+}
+
+/// [`Cache::open`] with the crypto provider the binary installs.
+fn open_cache(config: CacheConfig) -> Result<Cache, Error> {
+    crate::install_test_crypto_provider();
+    Cache::open(config)
 }
 
 fn oci_ref(layout: &Path, tag: Option<&str>) -> ImageRef {
@@ -467,7 +473,7 @@ async fn image_size_limit_fails_and_stores_nothing() {
     );
     let mut config = CacheConfig::new(tmp.path().join("cache"));
     config.max_image_bytes = 1 << 20;
-    let cache = Cache::open(config).unwrap();
+    let cache = open_cache(config).unwrap();
     let err = cache
         .get(
             &oci_ref(&t.layout, Some("v1")),
@@ -624,6 +630,51 @@ async fn unpacked_layers_work_as_overlay_lower_dirs() {
         .await
         .unwrap();
     assert_overlay_semantics(&image);
+}
+
+const NO_PROVIDER_ENV: &str = "FNRUN_CACHE_TEST_NO_PROVIDER_CHILD";
+
+/// The library installs no process-wide crypto provider: without one, opening a cache
+/// fails with a clear error (instead of a panic in the first TLS client). Checked in
+/// a child process of this test binary, where no test has installed one.
+#[test]
+fn opening_without_a_crypto_provider_fails_clearly() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests::no_provider_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(NO_PROVIDER_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "the child failed or did not run:\n{stdout}\n{stderr}"
+    );
+}
+
+#[test]
+#[ignore = "run by opening_without_a_crypto_provider_fails_clearly in a fresh process"]
+fn no_provider_child() {
+    assert_eq!(std::env::var(NO_PROVIDER_ENV).as_deref(), Ok("1"));
+    assert!(rustls::crypto::CryptoProvider::get_default().is_none());
+    let tmp = tempfile::tempdir().unwrap();
+    let err = Cache::open(CacheConfig::new(tmp.path())).unwrap_err();
+    assert!(
+        matches!(err, Error::Registry(RegistryError::NoCryptoProvider)),
+        "{err}"
+    );
+    assert_eq!(err.kind(), ErrorKind::Internal);
+    assert!(err.to_string().contains("crypto provider"), "{err}");
+    assert!(
+        rustls::crypto::CryptoProvider::get_default().is_none(),
+        "the library must not install one"
+    );
 }
 
 const CHILD_ENV: &str = "FNRUN_CACHE_TEST_ROOTLESS_CHILD";

@@ -60,7 +60,7 @@ async fn tls_registry_needs_the_ca_bundle() {
     let tmp = tempfile::tempdir().unwrap();
     let mut bad = CacheConfig::new(tmp.path().join("bad"));
     bad.ca_bundle = Some(b"not a certificate".to_vec());
-    let err = Cache::open(bad).unwrap_err();
+    let err = open_cache(bad).unwrap_err();
     assert!(err.to_string().contains("CA bundle"), "{err}");
 
     let (ca, cert, key) = test_pki();
@@ -91,7 +91,7 @@ async fn tls_registry_needs_the_ca_bundle() {
     let (other_ca, _, _) = test_pki();
     let mut config = CacheConfig::new(tmp.path().join("bundle"));
     config.ca_bundle = Some(format!("# private CAs\n{other_ca}\n{ca}").into_bytes());
-    let cache = Cache::open(config).unwrap();
+    let cache = open_cache(config).unwrap();
     let image = cache
         .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
         .await
