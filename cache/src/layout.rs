@@ -272,18 +272,24 @@ enum Member {
     Skip,
 }
 
+/// An `oci-archive:` member that refuses the archive.
+#[derive(Debug, thiserror::Error)]
+enum BadMember {
+    #[error("a member name is not UTF-8")]
+    NotUtf8,
+    #[error("member {0:?} leads out of the archive")]
+    LeadsOut(String),
+}
+
 /// Classifies a member path of an `oci-archive:` tar. `..` is refused outright.
-fn classify(raw: &[u8]) -> Result<Member, String> {
-    let path = std::str::from_utf8(raw).map_err(|_| "a member name is not UTF-8".to_owned())?;
+fn classify(raw: &[u8]) -> Result<Member, BadMember> {
+    let path = std::str::from_utf8(raw).map_err(|_| BadMember::NotUtf8)?;
     let comps: Vec<&str> = path
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
         .collect();
     if comps.contains(&"..") {
-        return Err(format!(
-            "member {:?} leads out of the archive",
-            truncate(path)
-        ));
+        return Err(BadMember::LeadsOut(truncate(path)));
     }
     Ok(match comps.as_slice() {
         ["oci-layout"] => Member::File("oci-layout".into()),
@@ -369,7 +375,7 @@ fn extract_into(archive: &Path, dest: &Path, limit: u64) -> Result<(), LayoutErr
         .map_err(|e| bad(format!("cannot read the tar: {e}")))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| bad(format!("cannot read the tar: {e}")))?;
-        let name = match classify(&entry.path_bytes()).map_err(&bad)? {
+        let name = match classify(&entry.path_bytes()).map_err(|e| bad(e.to_string()))? {
             Member::File(name) => name,
             Member::Skip => continue,
         };

@@ -33,6 +33,7 @@ pub use crate::layout::LayoutError;
 pub use crate::manifest::ManifestError;
 pub use crate::progress::{NoProgress, PullProgress};
 pub use crate::reference::{DOCKER_HUB, ImageRef, ReferenceError};
+pub use crate::registry::CaBundleError;
 pub use crate::registry::RegistryError;
 pub use crate::rootfs::{LayerStack, MAX_SYMLINKS, RootfsError};
 pub use crate::store::StoreError;
@@ -111,19 +112,26 @@ impl LayerOwner {
         }
     }
 
-    fn validate(&self) -> Result<(), StoreError> {
+    fn validate(&self) -> Result<(), OwnerError> {
         if let LayerOwner::Shift { uid, gid, size } = *self {
             if size == 0 {
-                return Err(StoreError::InvalidOwner("the id range is empty".into()));
+                return Err(OwnerError::EmptyRange);
             }
             if uid.checked_add(size - 1).is_none() || gid.checked_add(size - 1).is_none() {
-                return Err(StoreError::InvalidOwner(format!(
-                    "the id range {uid}/{gid}+{size} overflows"
-                )));
+                return Err(OwnerError::Overflow { uid, gid, size });
             }
         }
         Ok(())
     }
+}
+
+/// A [`LayerOwner`] that cannot own files.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OwnerError {
+    #[error("invalid layer owner: the id range is empty")]
+    EmptyRange,
+    #[error("invalid layer owner: the id range {uid}/{gid}+{size} overflows")]
+    Overflow { uid: u32, gid: u32, size: u32 },
 }
 
 /// When to contact the registry.
@@ -265,8 +273,10 @@ pub enum Error {
     TooLarge { reference: String, limit: u64 },
     #[error("image {reference} exceeds the limit of {limit} files")]
     TooManyFiles { reference: String, limit: u64 },
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
+    #[error("internal error: a cache task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 impl Error {
@@ -281,7 +291,7 @@ impl Error {
             Error::Layout(e) => e.kind(),
             Error::NotCached { .. } => ErrorKind::NotCached,
             Error::TooLarge { .. } | Error::TooManyFiles { .. } => ErrorKind::Corrupt,
-            Error::Internal(_) => ErrorKind::Internal,
+            Error::Owner(_) | Error::Task(_) => ErrorKind::Internal,
         }
     }
 
@@ -305,9 +315,7 @@ where
     F: FnOnce() -> Result<T, Error> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Internal(format!("cache task failed: {e}")))?
+    tokio::task::spawn_blocking(f).await?
 }
 
 /// Set when one layer of a pull has failed, for the others to stop.
@@ -556,12 +564,14 @@ impl Cache {
                 if let Some(mut e) = extracted {
                     let path = e.path.clone();
                     e.removed = true;
-                    let _ = blocking(move || {
-                        unpack::remove_tree(&path).map_err(|e| {
-                            Error::Internal(format!("cannot remove {}: {e}", path.display()))
-                        })
+                    // Left to the next sweep of tmp/ if it cannot be removed now.
+                    let removed = tokio::task::spawn_blocking(move || {
+                        unpack::remove_tree(&path).map_err(|err| (path, err))
                     })
                     .await;
+                    if let Ok(Err((path, err))) = removed {
+                        tracing::warn!(path = %path.display(), error = %err, "cannot remove an extracted oci-archive");
+                    }
                 }
                 result
             }

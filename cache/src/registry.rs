@@ -92,13 +92,26 @@ pub enum RegistryError {
     )]
     NoCryptoProvider,
     #[error("invalid CA bundle: {0}")]
-    CaBundle(String),
+    CaBundle(#[from] CaBundleError),
     #[error("failed to {op} {path}: {err}")]
     Io {
         op: &'static str,
         path: PathBuf,
         err: std::io::Error,
     },
+}
+
+/// A `--ca-bundle` that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CaBundleError {
+    #[error("the file is not PEM text")]
+    NotText,
+    #[error("certificate {index} has no END line")]
+    Unterminated { index: usize },
+    #[error("certificate {index} is invalid: {err}")]
+    Invalid { index: usize, err: reqwest::Error },
+    #[error("no PEM certificate (BEGIN CERTIFICATE) found")]
+    Empty,
 }
 
 impl RegistryError {
@@ -182,30 +195,25 @@ pub(crate) fn registry_auth(
 }
 
 /// The PEM certificates of a CA bundle, each checked; at least one.
-pub(crate) fn parse_ca_bundle(pem: &[u8]) -> Result<Vec<Vec<u8>>, RegistryError> {
+pub(crate) fn parse_ca_bundle(pem: &[u8]) -> Result<Vec<Vec<u8>>, CaBundleError> {
     const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
     const END: &str = "-----END CERTIFICATE-----";
-    let text = std::str::from_utf8(pem)
-        .map_err(|_| RegistryError::CaBundle("the file is not PEM text".into()))?;
+    let text = std::str::from_utf8(pem).map_err(|_| CaBundleError::NotText)?;
     let mut certs = Vec::new();
     let mut rest = text;
     while let Some(start) = rest.find(BEGIN) {
+        let index = certs.len() + 1;
         let Some(len) = rest[start..].find(END) else {
-            return Err(RegistryError::CaBundle(
-                "a certificate has no END line".into(),
-            ));
+            return Err(CaBundleError::Unterminated { index });
         };
         let block = &rest[start..start + len + END.len()];
-        reqwest::Certificate::from_pem(block.as_bytes()).map_err(|e| {
-            RegistryError::CaBundle(format!("certificate {} is invalid: {e}", certs.len() + 1))
-        })?;
+        reqwest::Certificate::from_pem(block.as_bytes())
+            .map_err(|err| CaBundleError::Invalid { index, err })?;
         certs.push(format!("{block}\n").into_bytes());
         rest = &rest[start + len + END.len()..];
     }
     if certs.is_empty() {
-        return Err(RegistryError::CaBundle(
-            "no PEM certificate (BEGIN CERTIFICATE) found".into(),
-        ));
+        return Err(CaBundleError::Empty);
     }
     Ok(certs)
 }

@@ -52,14 +52,12 @@ pub enum StoreError {
     },
     #[error("stored blob {digest} at {path} does not match its digest; it was removed")]
     CorruptBlob { digest: String, path: PathBuf },
-    #[error("invalid layer owner: {0}")]
-    InvalidOwner(String),
 }
 
 impl StoreError {
     pub(crate) fn kind(&self) -> crate::ErrorKind {
         match self {
-            StoreError::Io { .. } | StoreError::InvalidOwner(_) => crate::ErrorKind::Internal,
+            StoreError::Io { .. } => crate::ErrorKind::Internal,
             _ => crate::ErrorKind::Corrupt,
         }
     }

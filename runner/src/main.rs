@@ -189,8 +189,7 @@ fn pull(args: config::PullArgs) -> ExitCode {
             None => Arc::new(NoProgress),
         };
         let result = rt.block_on(async {
-            let creds = docker_config::credentials_for_image(runner.cache(), image)
-                .map_err(PullError::Config)?;
+            let creds = docker_config::credentials_for_image(runner.cache(), image)?;
             let reference = runner.cache().parse_reference(image)?;
             Ok::<_, PullError>(
                 runner
@@ -217,8 +216,8 @@ fn pull(args: config::PullArgs) -> ExitCode {
 /// Why `fnrun pull` failed for one image.
 #[derive(Debug, thiserror::Error)]
 enum PullError {
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] docker_config::DockerConfigError),
     #[error(transparent)]
     Cache(#[from] fnrun_cache::Error),
 }
