@@ -636,12 +636,6 @@ fn hash_file(path: &Path) -> io::Result<Digest> {
 }
 
 impl Cache {
-    /// Marks `image` in use until the lease is dropped. Prefer [`Cache::get_leased`],
-    /// which takes the lease before any prune can run.
-    pub fn lease(&self, image: &Image) -> Result<Lease, Error> {
-        Ok(self.inner.store.lease_image(image)?)
-    }
-
     /// Every cached reference with its size and last use, sorted by reference.
     pub async fn list(&self) -> Result<Vec<CachedImage>, Error> {
         let inner = self.inner.clone();
@@ -686,7 +680,7 @@ mod tests {
     use super::*;
     use crate::manifest::{OCI_CONFIG, OCI_MANIFEST, host_arch};
     use crate::unpack::tests::{Member, TarBuilder, gzip};
-    use crate::{CacheConfig, Credentials, PullPolicy};
+    use crate::{CacheConfig, GetOptions, PullPolicy};
 
     const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
@@ -753,8 +747,9 @@ mod tests {
     async fn get(cache: &Cache, reference: &str) -> Result<Image, Error> {
         let r = cache.parse_reference(reference).unwrap();
         cache
-            .get(&r, PullPolicy::Never, &Credentials::Anonymous)
+            .get(&r, GetOptions::new(PullPolicy::Never))
             .await
+            .map(|got| got.image)
     }
 
     fn open(root: &Path) -> Cache {
@@ -817,10 +812,11 @@ mod tests {
         // b is in use: prune to 0 takes c and keeps b and everything it uses.
         let (image_b, lease) = {
             let r = cache.parse_reference("r.test/b:1").unwrap();
-            cache
-                .get_leased(&r, PullPolicy::Never, &Credentials::Anonymous)
+            let got = cache
+                .get(&r, GetOptions::new(PullPolicy::Never).leased())
                 .await
-                .unwrap()
+                .unwrap();
+            (got.image, got.lease.expect("a lease"))
         };
         // Another process (a second Cache on the same root) honours the lease too.
         let other = open(&tmp.path().join("cache"));
@@ -857,15 +853,9 @@ mod tests {
         let cache = open(&tmp.path().join("cache"));
         store_image(&cache, "r.test/a:1", &[&layer("base", 10_000)], 1);
         let r = cache.parse_reference("r.test/a:1").unwrap();
-        let anon = Credentials::Anonymous;
-        let (_, first) = cache
-            .get_leased(&r, PullPolicy::Never, &anon)
-            .await
-            .unwrap();
-        let (_, second) = cache
-            .get_leased(&r, PullPolicy::Never, &anon)
-            .await
-            .unwrap();
+        let leased = || GetOptions::new(PullPolicy::Never).leased();
+        let first = cache.get(&r, leased()).await.unwrap().lease.unwrap();
+        let second = cache.get(&r, leased()).await.unwrap().lease.unwrap();
         let leases = &cache.inner.store.leases;
         assert_eq!(names(leases).len(), 1, "both runs share one lease file");
         drop(first);
@@ -877,10 +867,7 @@ mod tests {
             "runs must not leave lease files behind"
         );
         // And a new run leases it again.
-        let (_, third) = cache
-            .get_leased(&r, PullPolicy::Never, &anon)
-            .await
-            .unwrap();
+        let third = cache.get(&r, leased()).await.unwrap().lease.unwrap();
         assert!(cache.list().await.unwrap()[0].in_use);
         drop(third);
     }

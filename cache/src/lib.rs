@@ -1,12 +1,14 @@
 //! fnrun image cache: references, registry and OCI-layout transports, a verified
 //! content-addressed store, and layer unpacking into overlayfs lower directories.
 //!
-//! [`Cache::get`] turns an [`ImageRef`] into an [`Image`]: the unpacked layer directories
-//! (bottom to top) and the image config. Every blob is verified against its digest before
-//! it is stored or used, layers are unpacked once per diff_id and layer owner, and hostile
+//! [`Cache::get`] turns an [`ImageRef`] (from [`Cache::parse_reference`]) into an
+//! [`Image`]: the unpacked layer directories (bottom to top) and the image config. Its
+//! [`GetOptions`] say when to contact the registry, with which credentials, who watches
+//! the layers arrive ([`PullProgress`], for progress bars) and whether to lease the image
+//! against pruning ([`Lease`]). Every blob is verified against its digest before it is
+//! stored or used, layers are unpacked once per diff_id and layer owner, and hostile
 //! layer content cannot touch anything outside its layer directory (see [`unpack`]).
-//! [`Cache::get_with_progress`] also reports each layer's download and unpacking to a
-//! [`PullProgress`], for progress bars.
+//! [`Image::read_file`] reads a file of the image's merged root without the host.
 
 mod digest;
 mod gc;
@@ -186,6 +188,70 @@ impl fmt::Debug for Credentials {
             Credentials::IdentityToken { .. } => f.write_str("IdentityToken(<redacted>)"),
         }
     }
+}
+
+/// How [`Cache::get`] gets an image. The default: policy `IfNotPresent`, anonymous,
+/// nobody watching, no lease.
+#[derive(Clone, Default)]
+pub struct GetOptions {
+    /// When to contact the registry.
+    pub policy: PullPolicy,
+    /// Registry credentials (unused for `oci:` and `oci-archive:` images).
+    pub credentials: Credentials,
+    /// Told of each layer's download and unpacking, e.g. to draw progress bars.
+    pub progress: Option<Arc<dyn PullProgress>>,
+    /// Lease the image (see [`Lease`]) before any prune can remove it: for an image
+    /// about to be run. The lease is in [`Got::lease`].
+    pub lease: bool,
+}
+
+impl GetOptions {
+    /// The defaults with `policy`.
+    pub fn new(policy: PullPolicy) -> GetOptions {
+        GetOptions {
+            policy,
+            ..GetOptions::default()
+        }
+    }
+
+    /// With registry `credentials`.
+    pub fn credentials(mut self, credentials: Credentials) -> GetOptions {
+        self.credentials = credentials;
+        self
+    }
+
+    /// With `progress` told of each layer.
+    pub fn progress(mut self, progress: Arc<dyn PullProgress>) -> GetOptions {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// With a lease on the image.
+    pub fn leased(mut self) -> GetOptions {
+        self.lease = true;
+        self
+    }
+}
+
+impl fmt::Debug for GetOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GetOptions")
+            .field("policy", &self.policy)
+            .field("credentials", &self.credentials)
+            .field("progress", &self.progress.as_ref().map(|_| "PullProgress"))
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+/// What [`Cache::get`] returns: the image, and its lease if one was asked for.
+#[derive(Debug)]
+pub struct Got {
+    /// The image.
+    pub image: Image,
+    /// Held until dropped: keep it while the image is in use
+    /// ([`GetOptions::lease`]; `None` otherwise).
+    pub lease: Option<Lease>,
 }
 
 /// A cached, unpacked image.
@@ -433,60 +499,45 @@ impl Cache {
         self.inner.store.root()
     }
 
-    /// Parses a reference with this cache's default registry.
+    /// Parses and normalizes a reference with this cache's default registry. This (or
+    /// [`ImageRef::parse`]) is the only way to make an [`ImageRef`], so [`Cache::get`]
+    /// takes it as it is.
     pub fn parse_reference(&self, s: &str) -> Result<ImageRef, Error> {
         ImageRef::parse(s, &self.inner.config.default_registry)
     }
 
-    /// Returns the image, pulling and unpacking what is missing as `policy` allows.
-    pub async fn get(
-        &self,
-        image: &ImageRef,
-        policy: PullPolicy,
-        creds: &Credentials,
-    ) -> Result<Image, Error> {
-        self.get_with_progress(image, policy, creds, Arc::new(NoProgress))
-            .await
-    }
-
-    /// Like [`Cache::get`], reporting the layers of the image to `progress` as they are
-    /// downloaded and unpacked (see [`PullProgress`]). An image found in the local
-    /// reference index (policy `IfNotPresent` or `Never`) reports nothing: nothing is
-    /// pulled.
-    pub async fn get_with_progress(
-        &self,
-        image: &ImageRef,
-        policy: PullPolicy,
-        creds: &Credentials,
-        progress: Arc<dyn PullProgress>,
-    ) -> Result<Image, Error> {
-        if let Some((image, _)) = self.get_present(image, policy, false).await? {
-            return Ok(image);
-        }
-        let inner = self.inner.clone();
-        let _gc = blocking(move || Ok(inner.store.gc_lock(false)?)).await?;
-        self.get_unlocked(image, policy, creds, &progress).await
-    }
-
-    /// Like [`Cache::get`], and leases the image (see [`Cache::lease`]) before any
-    /// prune can remove it: hold the lease while the image is in use.
-    pub async fn get_leased(
-        &self,
-        image: &ImageRef,
-        policy: PullPolicy,
-        creds: &Credentials,
-    ) -> Result<(Image, Lease), Error> {
-        if let Some((image, Some(lease))) = self.get_present(image, policy, true).await? {
-            return Ok((image, lease));
+    /// Returns the image, pulling and unpacking what is missing as `options.policy`
+    /// allows, reporting its layers to `options.progress` (see [`PullProgress`]) and,
+    /// with `options.lease`, leasing it before any prune can remove it.
+    ///
+    /// An image that is complete in the cache and not to be resolved again (policy
+    /// `IfNotPresent` or `Never`) is found without the network in one blocking call
+    /// and reports nothing: nothing is pulled.
+    pub async fn get(&self, reference: &ImageRef, options: GetOptions) -> Result<Got, Error> {
+        let GetOptions {
+            policy,
+            credentials,
+            progress,
+            lease,
+        } = options;
+        if let Some(got) = self.get_present(reference, policy, lease).await? {
+            return Ok(got);
         }
         let inner = self.inner.clone();
         let gc = blocking(move || Ok(inner.store.gc_lock(false)?)).await?;
-        let progress: Arc<dyn PullProgress> = Arc::new(NoProgress);
-        let image = self.get_unlocked(image, policy, creds, &progress).await?;
-        let (inner, i) = (self.inner.clone(), image.clone());
-        let lease = blocking(move || Ok(inner.store.lease_image(&i)?)).await?;
+        let progress = progress.unwrap_or_else(|| Arc::new(NoProgress));
+        let image = self
+            .get_unlocked(reference, policy, &credentials, &progress)
+            .await?;
+        let lease = match lease {
+            true => {
+                let (inner, i) = (self.inner.clone(), image.clone());
+                Some(blocking(move || Ok(inner.store.lease_image(&i)?)).await?)
+            }
+            false => None,
+        };
         drop(gc);
-        Ok((image, lease))
+        Ok(Got { image, lease })
     }
 
     /// The warm path: the image (and its lease, if `lease`) when everything it needs
@@ -494,32 +545,31 @@ impl Cache {
     /// `None` sends the caller down the full path.
     async fn get_present(
         &self,
-        image: &ImageRef,
+        reference: &ImageRef,
         policy: PullPolicy,
         lease: bool,
-    ) -> Result<Option<(Image, Option<Lease>)>, Error> {
+    ) -> Result<Option<Got>, Error> {
         if policy == PullPolicy::Always {
             return Ok(None);
         }
-        let image = image.normalized()?;
-        let in_registry = matches!(image, ImageRef::Registry { .. });
-        let inner = self.inner.clone();
+        let in_registry = matches!(reference, ImageRef::Registry { .. });
+        let (inner, reference) = (self.inner.clone(), reference.clone());
         let found = blocking(move || {
             let _gc = inner.store.gc_lock(false)?;
-            let Some(image) = inner.present(&image)? else {
+            let Some(image) = inner.present(&reference)? else {
                 return Ok(None);
             };
             let lease = match lease {
                 true => Some(inner.store.lease_image(&image)?),
                 false => None,
             };
-            Ok(Some((image, lease)))
+            Ok(Some(Got { image, lease }))
         })
         .await?;
-        if let Some((image, _)) = &found
+        if let Some(got) = &found
             && in_registry
         {
-            self.touch(&image.reference).await;
+            self.touch(&got.image.reference).await;
         }
         Ok(found)
     }
@@ -531,7 +581,6 @@ impl Cache {
         creds: &Credentials,
         progress: &Arc<dyn PullProgress>,
     ) -> Result<Image, Error> {
-        let image = &image.normalized()?;
         match image {
             ImageRef::OciLayout { path, tag, archive } => {
                 let reference = image.to_string();

@@ -3,7 +3,7 @@
 //!
 //! Only layers are reported: manifests and the config are small and come first.
 
-/// Observes the layers of a pull ([`crate::Cache::get_with_progress`]).
+/// Observes the layers of a pull ([`crate::GetOptions::progress`]).
 ///
 /// Every layer of the image is reported once (a layer listed twice in a manifest, once),
 /// in one of two ways:

@@ -36,10 +36,25 @@ fn invalid(reference: &str, reason: impl Into<String>) -> ReferenceError {
     }
 }
 
-/// Where an image comes from.
+/// Where an image comes from: a parsed and normalized reference.
+///
+/// Only [`ImageRef::parse`] (and [`crate::Cache::parse_reference`]) make one: its
+/// variants cannot be built elsewhere, so whoever holds an `ImageRef` holds a valid,
+/// normalized reference and nothing normalizes it again.
+///
+/// ```compile_fail
+/// // Not outside this crate: the variants are `#[non_exhaustive]`.
+/// let _ = fnrun_cache::ImageRef::Registry {
+///     registry: "docker.io".into(),
+///     repository: "busybox".into(),
+///     tag: None,
+///     digest: None,
+/// };
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ImageRef {
     /// An image in a registry. `tag` is `latest` when neither a tag nor a digest was given.
+    #[non_exhaustive]
     Registry {
         /// Registry host with an optional port, lower-case, e.g. `index.docker.io`, `localhost:5000`.
         registry: String,
@@ -51,6 +66,7 @@ pub enum ImageRef {
         digest: Option<String>,
     },
     /// An OCI image layout directory on the local file system.
+    #[non_exhaustive]
     OciLayout {
         /// The layout directory (as given).
         path: PathBuf,
@@ -75,18 +91,6 @@ impl ImageRef {
                 digest: Some(d), ..
             } => Digest::parse(d).ok(),
             _ => None,
-        }
-    }
-
-    /// Re-validates and normalizes a reference that may have been built by hand.
-    pub(crate) fn normalized(&self) -> Result<ImageRef, ReferenceError> {
-        match self {
-            // The display form of a registry reference always names its registry.
-            ImageRef::Registry { .. } => parse_registry(&self.to_string(), DOCKER_HUB),
-            ImageRef::OciLayout { path, .. } if path.as_os_str().is_empty() => {
-                Err(invalid(&self.to_string(), "the oci layout path is empty"))
-            }
-            ImageRef::OciLayout { .. } => Ok(self.clone()),
         }
     }
 }
@@ -569,29 +573,6 @@ mod tests {
             let err = ImageRef::parse(input, DOCKER_HUB).unwrap_err();
             assert_eq!(err.kind(), crate::ErrorKind::InvalidReference, "{input}");
         }
-    }
-
-    #[test]
-    fn hand_built_references_are_normalized_or_refused() {
-        let hub = reg("docker.io", "busybox", Some("1"), None)
-            .normalized()
-            .unwrap();
-        assert_eq!(hub, reg(DOCKER_HUB, "library/busybox", Some("1"), None));
-        assert!(reg("", "busybox", None, None).normalized().is_err());
-        assert!(
-            reg("localhost:5000", "Bad", None, None)
-                .normalized()
-                .is_err()
-        );
-        assert!(
-            reg("localhost:5000", "fn", None, Some("sha256:xyz"))
-                .normalized()
-                .is_err()
-        );
-        let no_tag = reg("localhost:5000", "fn", None, None)
-            .normalized()
-            .unwrap();
-        assert_eq!(no_tag, reg("localhost:5000", "fn", Some("latest"), None));
     }
 
     #[test]
