@@ -6,10 +6,14 @@ use std::net::TcpStream;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::manifest::{OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, REF_NAME_ANNOTATION, host_arch};
+use crate::digest::Digest;
+use crate::manifest::{
+    self, Manifest, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, REF_NAME_ANNOTATION, host_arch,
+};
 use crate::unpack::tests::{Member, TarBuilder, gzip};
 
 const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
