@@ -46,7 +46,7 @@ pub use crate::reference::{DOCKER_HUB, ImageRef, ReferenceError};
 pub use crate::registry::{CaBundleError, RegistryError};
 pub use crate::rootfs::{LayerStack, MAX_SYMLINKS, RootfsError};
 pub use crate::store::{CachedImage, Lease, PruneReport, StoreError, VerifyReport};
-pub use crate::unpack::UnpackError;
+pub use crate::unpack::{CorruptLayer, HostileEntry, UnpackError};
 
 /// Installs ring as the process's rustls provider, as the `fnrun` binary does, for tests
 /// that open a cache or speak to a registry.

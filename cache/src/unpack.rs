@@ -133,10 +133,10 @@ pub enum UnpackError {
     Hostile {
         layer: String,
         entry: String,
-        reason: String,
+        reason: HostileEntry,
     },
     #[error("layer {layer} is corrupt: {reason}")]
-    Corrupt { layer: String, reason: String },
+    Corrupt { layer: String, reason: CorruptLayer },
     #[error("layer {layer}: {what} digest mismatch: expected {expected}, got {actual}")]
     DigestMismatch {
         layer: String,
@@ -165,6 +165,58 @@ pub enum UnpackError {
         path: PathBuf,
         err: io::Error,
     },
+}
+
+/// Why an entry of a layer is refused: it tries to reach outside the layer.
+#[derive(Debug, thiserror::Error)]
+pub enum HostileEntry {
+    #[error("the path leaves the layer root")]
+    LeavesRoot,
+    #[error("the path contains a NUL byte")]
+    NulByte,
+    #[error("the path is deeper than {MAX_DEPTH} components")]
+    TooDeep,
+    #[error("a non-directory entry names the layer root")]
+    NamesRoot,
+    #[error("a whiteout must name one file in its directory")]
+    WhiteoutName,
+    #[error("a hard link to the layer root")]
+    LinkToRoot,
+    #[error("a hard link named like the layer root")]
+    LinkNamedRoot,
+    #[error("hard link target \"{0}\" is not in this layer")]
+    LinkOutside(String),
+    #[error("hard link target \"{0}\" is a directory")]
+    LinkToDirectory(String),
+}
+
+/// Why a layer cannot be read as a tar stream.
+#[derive(Debug, thiserror::Error)]
+pub enum CorruptLayer {
+    #[error("cannot read the blob: {0}")]
+    Blob(io::Error),
+    #[error("cannot start zstd decompression: {0}")]
+    Zstd(io::Error),
+    #[error("cannot read the tar stream: {0}")]
+    Stream(io::Error),
+    #[error("{what} is larger than {limit} bytes")]
+    Oversized { what: &'static str, limit: u64 },
+    #[error("invalid size in the tar header: {0}")]
+    HeaderSize(io::Error),
+    #[error("invalid PAX header: {0}")]
+    Pax(io::Error),
+    #[error("invalid PAX {0} value")]
+    PaxValue(String),
+    #[error("a PAX size different from the header size is not supported")]
+    PaxSize,
+    #[error("sparse files are not supported")]
+    Sparse,
+    #[error("the tar stream ends inside a file ({written} of {size} bytes)")]
+    Truncated { written: u64, size: u64 },
+    #[error("a symlink without a valid target")]
+    SymlinkTarget,
+    #[error("a hard link without a target")]
+    LinkTarget,
 }
 
 impl UnpackError {
@@ -253,23 +305,23 @@ fn unpack_into(
         err: e.into(),
     })?;
 
-    let corrupt = |reason: String| UnpackError::Corrupt {
+    let corrupt = |reason: CorruptLayer| UnpackError::Corrupt {
         layer: layer.clone(),
         reason,
     };
     let mut buffered = BufReader::with_capacity(256 << 10, HashingReader::new(file));
     let magic = buffered
         .fill_buf()
-        .map_err(|e| corrupt(format!("cannot read the blob: {e}")))?;
+        .map_err(|e| corrupt(CorruptLayer::Blob(e)))?;
     let decoder = if magic.starts_with(&[0x1f, 0x8b]) {
         Decoder::Gzip(Box::new(flate2::bufread::MultiGzDecoder::new(buffered)))
     } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         // Concatenated frames are read like one stream; libzstd refuses frames whose
         // window exceeds 2^27 bytes (128 MiB), which bounds the decoder's memory.
         let mut d = zstd::stream::read::Decoder::with_buffer(buffered)
-            .map_err(|e| corrupt(format!("cannot start zstd decompression: {e}")))?;
+            .map_err(|e| corrupt(CorruptLayer::Zstd(e)))?;
         d.window_log_max(27)
-            .map_err(|e| corrupt(format!("cannot start zstd decompression: {e}")))?;
+            .map_err(|e| corrupt(CorruptLayer::Zstd(e)))?;
         Decoder::Zstd(d)
     } else {
         Decoder::Plain(buffered)
@@ -303,7 +355,7 @@ fn unpack_into(
         .into_inner()
         .into_inner()
         .finish()
-        .map_err(|e| corrupt(format!("cannot read the blob: {e}")))?;
+        .map_err(|e| corrupt(CorruptLayer::Blob(e)))?;
     if actual_compressed != *compressed {
         return Err(UnpackError::DigestMismatch {
             layer,
@@ -413,8 +465,8 @@ struct Unpacker<'b> {
 
 /// An entry-level failure before it is given the entry's name.
 enum Fail {
-    Hostile(String),
-    Corrupt(String),
+    Hostile(HostileEntry),
+    Corrupt(CorruptLayer),
     Exceeded(Exceeded),
     Stream(io::Error),
     Fs(&'static str, io::Error, bool),
@@ -463,21 +515,19 @@ fn normalize(path: &[u8]) -> Result<Vec<Vec<u8>>, Fail> {
             b"" | b"." => {}
             b".." => {
                 if out.pop().is_none() {
-                    return Err(Fail::Hostile("the path leaves the layer root".into()));
+                    return Err(Fail::Hostile(HostileEntry::LeavesRoot));
                 }
             }
             c => {
                 if c.contains(&0) {
-                    return Err(Fail::Hostile("the path contains a NUL byte".into()));
+                    return Err(Fail::Hostile(HostileEntry::NulByte));
                 }
                 out.push(c.to_vec());
             }
         }
     }
     if out.len() > MAX_DEPTH {
-        return Err(Fail::Hostile(format!(
-            "the path is deeper than {MAX_DEPTH} components"
-        )));
+        return Err(Fail::Hostile(HostileEntry::TooDeep));
     }
     Ok(out)
 }
@@ -496,11 +546,11 @@ fn trim_nuls(mut v: Vec<u8>) -> Vec<u8> {
     v
 }
 
-fn read_capped<R: Read>(r: &mut R, cap: u64, what: &str) -> Result<Vec<u8>, Fail> {
+fn read_capped<R: Read>(r: &mut R, cap: u64, what: &'static str) -> Result<Vec<u8>, Fail> {
     let mut v = Vec::new();
     r.take(cap + 1).read_to_end(&mut v).map_err(Fail::Stream)?;
     if v.len() as u64 > cap {
-        return Err(Fail::Corrupt(format!("{what} is larger than {cap} bytes")));
+        return Err(Fail::Corrupt(CorruptLayer::Oversized { what, limit: cap }));
     }
     Ok(v)
 }
@@ -552,7 +602,7 @@ impl Unpacker<'_> {
     fn meta(&mut self, header: &tar::Header, ext: Extensions) -> Result<Meta, Fail> {
         let size = header
             .entry_size()
-            .map_err(|e| Fail::Corrupt(format!("invalid size in the tar header: {e}")))?;
+            .map_err(|e| Fail::Corrupt(CorruptLayer::HeaderSize(e)))?;
         // Like Go's archive/tar, an empty or unparsable numeric field reads as 0.
         let mut meta = Meta {
             path: ext
@@ -570,14 +620,14 @@ impl Unpacker<'_> {
         };
         if let Some(pax) = ext.pax {
             for field in tar::PaxExtensions::new(&pax) {
-                let field = field.map_err(|e| Fail::Corrupt(format!("invalid PAX header: {e}")))?;
+                let field = field.map_err(|e| Fail::Corrupt(CorruptLayer::Pax(e)))?;
                 let value = field.value_bytes();
                 let number = || -> Result<u64, Fail> {
                     std::str::from_utf8(value)
                         .ok()
                         .and_then(|s| s.parse().ok())
                         .ok_or_else(|| {
-                            Fail::Corrupt(format!("invalid PAX {} value", lossy(field.key_bytes())))
+                            Fail::Corrupt(CorruptLayer::PaxValue(lossy(field.key_bytes())))
                         })
                 };
                 match field.key_bytes() {
@@ -586,9 +636,7 @@ impl Unpacker<'_> {
                     b"uid" => meta.uid = number()?,
                     b"gid" => meta.gid = number()?,
                     b"size" if number()? != size => {
-                        return Err(Fail::Corrupt(
-                            "a PAX size different from the header size is not supported".into(),
-                        ));
+                        return Err(Fail::Corrupt(CorruptLayer::PaxSize));
                     }
                     b"mtime" => {
                         let s = std::str::from_utf8(value).unwrap_or("");
@@ -636,7 +684,7 @@ impl Unpacker<'_> {
             Some(x) => UnpackError::exceeded(&self.layer, x),
             None => UnpackError::Corrupt {
                 layer: self.layer.clone(),
-                reason: format!("cannot read the tar stream: {e}"),
+                reason: CorruptLayer::Stream(e),
             },
         }
     }
@@ -649,9 +697,7 @@ impl Unpacker<'_> {
             // The layer root ("./"). Its metadata is deliberately not applied.
             return match meta.kind {
                 EntryType::Directory => Ok(()),
-                _ => Err(Fail::Hostile(
-                    "a non-directory entry names the layer root".into(),
-                )),
+                _ => Err(Fail::Hostile(HostileEntry::NamesRoot)),
             };
         };
         let name = name.clone();
@@ -670,7 +716,7 @@ impl Unpacker<'_> {
                 tracing::warn!(layer = %self.layer, entry = %lossy(&meta.path), "skipping device node in layer");
                 Ok(())
             }
-            EntryType::GNUSparse => Err(Fail::Corrupt("sparse files are not supported".into())),
+            EntryType::GNUSparse => Err(Fail::Corrupt(CorruptLayer::Sparse)),
             other => {
                 tracing::warn!(layer = %self.layer, entry = %lossy(&meta.path), kind = ?other, "skipping unsupported tar entry type");
                 Ok(())
@@ -799,9 +845,7 @@ impl Unpacker<'_> {
             return Ok(());
         }
         if target.is_empty() || target == b"." || target == b".." {
-            return Err(Fail::Hostile(
-                "a whiteout must name one file in its directory".into(),
-            ));
+            return Err(Fail::Hostile(HostileEntry::WhiteoutName));
         }
         let dir = self.dir_fd(parent, true)?;
         self.clear(dir.as_fd(), target, false)?;
@@ -878,10 +922,10 @@ impl Unpacker<'_> {
             written += n as u64;
         }
         if written != meta.size {
-            return Err(Fail::Corrupt(format!(
-                "the tar stream ends inside a file ({written} of {} bytes)",
-                meta.size
-            )));
+            return Err(Fail::Corrupt(CorruptLayer::Truncated {
+                written,
+                size: meta.size,
+            }));
         }
         self.chown_fd(file.as_fd(), meta.uid, meta.gid)?;
         fchmod(file.as_fd(), Mode::from_bits_truncate(meta.mode & 0o1777))
@@ -913,7 +957,7 @@ impl Unpacker<'_> {
     fn symlink(&mut self, parent: &[Vec<u8>], name: &[u8], meta: &Meta) -> Result<(), Fail> {
         let target = match &meta.link {
             Some(t) if !t.is_empty() && !t.contains(&0) => t.clone(),
-            _ => return Err(Fail::Corrupt("a symlink without a valid target".into())),
+            _ => return Err(Fail::Corrupt(CorruptLayer::SymlinkTarget)),
         };
         let dir = self.dir_fd(parent, true)?;
         self.clear(dir.as_fd(), name, false)?;
@@ -932,27 +976,22 @@ impl Unpacker<'_> {
 
     fn hardlink(&mut self, comps: &[Vec<u8>], meta: &Meta) -> Result<(), Fail> {
         let Some(link) = &meta.link else {
-            return Err(Fail::Corrupt("a hard link without a target".into()));
+            return Err(Fail::Corrupt(CorruptLayer::LinkTarget));
         };
         let target = normalize(link)?;
         let Some((target_name, target_parent)) = target.split_last() else {
-            return Err(Fail::Hostile("a hard link to the layer root".into()));
+            return Err(Fail::Hostile(HostileEntry::LinkToRoot));
         };
         if target == comps {
             return Ok(());
         }
         let Some((name, parent)) = comps.split_last() else {
-            return Err(Fail::Hostile(
-                "a hard link named like the layer root".into(),
-            ));
+            return Err(Fail::Hostile(HostileEntry::LinkNamedRoot));
         };
         let target_dir = match self.dir_fd(target_parent, false) {
             Ok(fd) => fd,
             Err(Fail::Fs(_, e, _)) if e.raw_os_error() == Some(libc::ENOENT) => {
-                return Err(Fail::Hostile(format!(
-                    "hard link target \"{}\" is not in this layer",
-                    lossy(link)
-                )));
+                return Err(Fail::Hostile(HostileEntry::LinkOutside(lossy(link))));
             }
             Err(f) => return Err(f),
         };
@@ -966,14 +1005,8 @@ impl Unpacker<'_> {
             AtFlags::empty(),
         ) {
             Ok(()) => Ok(()),
-            Err(Errno::ENOENT) => Err(Fail::Hostile(format!(
-                "hard link target \"{}\" is not in this layer",
-                lossy(link)
-            ))),
-            Err(Errno::EPERM) => Err(Fail::Hostile(format!(
-                "hard link target \"{}\" is a directory",
-                lossy(link)
-            ))),
+            Err(Errno::ENOENT) => Err(Fail::Hostile(HostileEntry::LinkOutside(lossy(link)))),
+            Err(Errno::EPERM) => Err(Fail::Hostile(HostileEntry::LinkToDirectory(lossy(link)))),
             Err(e) => Err(fs("create hard link")(e)),
         }
     }
@@ -1396,6 +1429,16 @@ pub(crate) mod tests {
                 .tar(),
         );
         assert!(err.to_string().contains("leaves the layer root"), "{err}");
+        assert!(
+            matches!(
+                err,
+                UnpackError::Hostile {
+                    reason: HostileEntry::LeavesRoot,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert_refused(
             &a,
             &TarBuilder::new()
