@@ -474,7 +474,7 @@ mod tests {
     use super::*;
     use crate::LayerOwner;
     use crate::digest::Digest;
-    use crate::unpack::tests::{Member, TarBuilder, big_budget, gzip};
+    use crate::unpack::testutil::{Member, TarBuilder, big_budget, gzip};
     use crate::unpack::unpack_layer;
 
     /// Layers unpacked by the cache's own unpacker from `tars` (bottom first).

@@ -14,7 +14,7 @@ use crate::digest::Digest;
 use crate::manifest::{
     self, Manifest, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, REF_NAME_ANNOTATION, host_arch,
 };
-use crate::unpack::tests::{Member, TarBuilder, gzip};
+use crate::unpack::testutil::{Member, TarBuilder, gzip};
 
 const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
@@ -234,7 +234,7 @@ fn check_image(cache: &Cache, image: &Image, t: &TestImage) {
             .is_char_device()
     );
     assert_eq!(
-        crate::unpack::tests::read_xattr(&top.join("opaque"), "user.overlay.opaque").as_deref(),
+        crate::unpack::testutil::read_xattr(&top.join("opaque"), "user.overlay.opaque").as_deref(),
         Some(&b"y"[..])
     );
 }

@@ -537,7 +537,7 @@ fn hash_file(path: &Path) -> io::Result<Digest> {
 mod tests {
     use super::*;
     use crate::manifest::{OCI_CONFIG, OCI_MANIFEST, host_arch};
-    use crate::unpack::tests::{Member, TarBuilder, gzip};
+    use crate::unpack::testutil::{Member, TarBuilder, gzip};
     use crate::{Cache, CacheConfig, Error, GetOptions, Image, PullPolicy};
 
     const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
