@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use crate::reference::DOCKER_HUB;
 
 /// Default unpacked size limit of one image (4 GiB).
-pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 4 << 30;
+pub(crate) const DEFAULT_MAX_IMAGE_BYTES: u64 = 4 << 30;
 /// Limit on the number of files (tar entries) of one image, across its layers.
-pub const MAX_IMAGE_FILES: u64 = 1 << 20;
+pub(crate) const MAX_IMAGE_FILES: u64 = 1 << 20;
 
 /// Cache settings.
 #[derive(Debug, Clone)]

@@ -32,19 +32,16 @@ mod token;
 mod unpack;
 
 pub use crate::cache::{Cache, GetOptions, Got};
-pub use crate::config::{
-    CacheConfig, Credentials, DEFAULT_MAX_IMAGE_BYTES, LayerOwner, MAX_IMAGE_FILES, OwnerError,
-    PullPolicy,
-};
+pub use crate::config::{CacheConfig, Credentials, LayerOwner, OwnerError, PullPolicy};
 pub use crate::digest::DigestError;
 pub use crate::error::{Error, ErrorKind};
 pub use crate::image::{Image, ImageConfig};
 pub use crate::layout::LayoutError;
 pub use crate::manifest::ManifestError;
-pub use crate::progress::{NoProgress, PullProgress};
+pub use crate::progress::PullProgress;
 pub use crate::reference::{DOCKER_HUB, ImageRef, ReferenceError};
 pub use crate::registry::{CaBundleError, RegistryError};
-pub use crate::rootfs::{LayerStack, MAX_SYMLINKS, RootfsError};
+pub use crate::rootfs::{LayerStack, RootfsError};
 pub use crate::store::{CachedImage, Lease, PruneReport, StoreError, VerifyReport};
 pub use crate::unpack::{CorruptLayer, HostileEntry, UnpackError};
 

@@ -1,5 +1,6 @@
 //! Progress of a pull, reported layer by layer, for a caller that shows it (the progress
-//! bars of `fnrun pull`). The daemon does not watch pulls and passes [`NoProgress`].
+//! bars of `fnrun pull`). The daemon does not watch its pulls: without an observer, a pull
+//! reports to [`NoProgress`].
 //!
 //! Only layers are reported: manifests and the config are small and come first.
 
@@ -58,6 +59,6 @@ pub trait PullProgress: Send + Sync {
 
 /// A [`PullProgress`] that ignores everything.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoProgress;
+pub(crate) struct NoProgress;
 
 impl PullProgress for NoProgress {}

@@ -45,7 +45,7 @@ use crate::ErrorKind;
 use crate::digest::truncate;
 
 /// Symlinks followed while resolving one path (Linux's `MAXSYMLINKS`).
-pub const MAX_SYMLINKS: u32 = 40;
+pub(crate) const MAX_SYMLINKS: u32 = 40;
 /// Names looked up in a layer while resolving one path. A path of a real image needs a
 /// few per layer; the cap bounds the work a hostile chain of symlinks can cause.
 const MAX_LOOKUPS: u32 = 1 << 16;

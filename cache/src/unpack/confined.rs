@@ -312,15 +312,7 @@ impl LayerTree {
         self.clear(dir.as_fd(), name, false)?;
         symlinkat(os(&target), dir.as_fd(), os(name)).map_err(fs("create symlink"))?;
         self.chown_at(dir.as_fd(), name, meta.uid, meta.gid)?;
-        let t = timespec(meta.mtime);
-        utimensat(
-            dir.as_fd(),
-            os(name),
-            &t,
-            &t,
-            UtimensatFlags::NoFollowSymlink,
-        )
-        .map_err(|e| Fail::Fs("set mtime of", e.into(), false))
+        set_mtime_at(dir.as_fd(), name, meta.mtime)
     }
 
     pub(super) fn hardlink(&mut self, comps: &[Vec<u8>], meta: &Meta) -> Result<(), Fail> {
@@ -374,15 +366,7 @@ impl LayerTree {
         // mknodat applied the umask; set the exact mode (a fifo is never a symlink).
         fchmodat(dir.as_fd(), os(name), mode, FchmodatFlags::FollowSymlink)
             .map_err(|e| Fail::Fs("chmod", e.into(), false))?;
-        let t = timespec(meta.mtime);
-        utimensat(
-            dir.as_fd(),
-            os(name),
-            &t,
-            &t,
-            UtimensatFlags::NoFollowSymlink,
-        )
-        .map_err(|e| Fail::Fs("set mtime of", e.into(), false))
+        set_mtime_at(dir.as_fd(), name, meta.mtime)
     }
 
     /// Applies directory metadata deepest first, fixes the root, and syncs the tree.
@@ -425,6 +409,13 @@ impl LayerTree {
 
 fn timespec(secs: i64) -> TimeSpec {
     TimeSpec::new(secs as libc::time_t, 0)
+}
+
+/// Sets the mtime (and atime) of `dir/name` itself, never of what a symlink names.
+fn set_mtime_at(dir: BorrowedFd<'_>, name: &[u8], mtime: i64) -> Result<(), Fail> {
+    let t = timespec(mtime);
+    utimensat(dir, os(name), &t, &t, UtimensatFlags::NoFollowSymlink)
+        .map_err(|e| Fail::Fs("set mtime of", e.into(), false))
 }
 
 #[cfg(test)]
