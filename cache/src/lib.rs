@@ -39,7 +39,9 @@ pub use crate::image::{Image, ImageConfig};
 pub use crate::layout::LayoutError;
 pub use crate::manifest::ManifestError;
 pub use crate::progress::PullProgress;
-pub use crate::reference::{DOCKER_HUB, ImageRef, ReferenceError};
+pub use crate::reference::{
+    DOCKER_HUB, ImageRef, ReferenceError, ReferenceProblem, RegistryProblem,
+};
 pub use crate::registry::{CaBundleError, RegistryError};
 pub use crate::rootfs::{LayerStack, RootfsError};
 pub use crate::store::{CachedImage, Lease, PruneReport, StoreError, VerifyReport};
