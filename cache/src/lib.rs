@@ -36,8 +36,8 @@ pub use crate::config::{CacheConfig, Credentials, LayerOwner, OwnerError, PullPo
 pub use crate::digest::DigestError;
 pub use crate::error::{Error, ErrorKind};
 pub use crate::image::{Image, ImageConfig};
-pub use crate::layout::LayoutError;
-pub use crate::manifest::ManifestError;
+pub use crate::layout::{BadArchive, BadBlob, LayoutError, NotLayout};
+pub use crate::manifest::{InvalidManifest, ManifestError, UnsupportedManifest};
 pub use crate::progress::PullProgress;
 pub use crate::reference::{
     DOCKER_HUB, ImageRef, ReferenceError, ReferenceProblem, RegistryProblem,

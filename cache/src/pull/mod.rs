@@ -22,7 +22,9 @@ use crate::digest::Digest;
 use crate::error::Error;
 use crate::image::Image;
 use crate::layout;
-use crate::manifest::{self, ImageManifest, MAX_METADATA_BYTES, Manifest, ManifestError};
+use crate::manifest::{
+    self, ImageManifest, MAX_METADATA_BYTES, Manifest, ManifestError, UnsupportedManifest,
+};
 use crate::progress::{NoProgress, PullProgress};
 use crate::reference::ImageRef;
 use crate::registry::{Registries, Repo};
@@ -287,7 +289,7 @@ impl Puller {
                     Manifest::Index(_) => {
                         return Err(ManifestError::Unsupported {
                             digest: top.to_string(),
-                            reason: "an index entry for this platform is itself an index".into(),
+                            reason: UnsupportedManifest::NestedIndex,
                         }
                         .into());
                     }
