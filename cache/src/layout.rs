@@ -14,7 +14,7 @@ use crate::manifest::{
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
     #[error("{path} is not an OCI image layout: {reason}")]
-    NotLayout { path: PathBuf, reason: String },
+    NotLayout { path: PathBuf, reason: NotLayout },
     #[error("tag \"{tag}\" not found in OCI layout {path} (tags: {available})")]
     TagNotFound {
         path: PathBuf,
@@ -33,7 +33,7 @@ pub enum LayoutError {
     Blob {
         path: PathBuf,
         digest: String,
-        reason: String,
+        reason: BadBlob,
     },
     #[error("OCI layout {path}: {err}")]
     Manifest {
@@ -42,6 +42,65 @@ pub enum LayoutError {
     },
     #[error("failed to read {path}: {err}")]
     Io { path: PathBuf, err: io::Error },
+}
+
+/// Why a path is not an OCI image layout (or archive of one) that can be read.
+#[derive(Debug, thiserror::Error)]
+pub enum NotLayout {
+    #[error("invalid oci-layout file: {0}")]
+    Marker(serde_json::Error),
+    #[error("the oci-layout file has no imageLayoutVersion")]
+    NoVersion,
+    #[error("the oci-layout file is too large")]
+    MarkerTooLarge,
+    #[error("it has no oci-layout file")]
+    NoMarker,
+    #[error("no such directory")]
+    NoDirectory,
+    #[error("no such file")]
+    NoFile,
+    #[error("index.json is too large")]
+    IndexTooLarge,
+    #[error("it has no index.json")]
+    NoIndex,
+    #[error("index.json lists no manifests")]
+    EmptyIndex,
+    #[error("not a usable oci-archive: {0}")]
+    Archive(BadArchive),
+}
+
+/// Why an `oci-archive:` tar cannot be extracted as a layout.
+#[derive(Debug, thiserror::Error)]
+pub enum BadArchive {
+    #[error("it is a directory (use oci:PATH for a layout directory)")]
+    Directory,
+    #[error("cannot read the tar: {0}")]
+    Tar(io::Error),
+    #[error("a member name is not UTF-8")]
+    NotUtf8,
+    #[error("member {0:?} leads out of the archive")]
+    LeadsOut(String),
+    #[error("it holds more than {0} bytes")]
+    TooLarge(u64),
+    #[error("{0} appears twice")]
+    Twice(String),
+    #[error("cannot read {name}: {err}")]
+    Member { name: String, err: io::Error },
+    #[error("{0} is truncated")]
+    Truncated(String),
+    #[error("it has no oci-layout, index.json or blobs")]
+    Empty,
+}
+
+/// What is wrong with a blob of a layout.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadBlob {
+    #[error("is missing")]
+    Missing,
+    #[error("is larger than {MAX_METADATA_BYTES} bytes")]
+    TooLarge,
+    #[error("does not match its digest (got {0})")]
+    Mismatch(String),
 }
 
 impl LayoutError {
@@ -94,7 +153,7 @@ pub(crate) fn blob_path(layout: &Path, digest: &Digest) -> PathBuf {
 /// Reads and verifies a small blob (manifest, index, config) of the layout.
 pub(crate) fn read_blob(layout: &Path, digest: &Digest) -> Result<Vec<u8>, LayoutError> {
     let path = blob_path(layout, digest);
-    let blob_err = |reason: String| LayoutError::Blob {
+    let blob_err = |reason: BadBlob| LayoutError::Blob {
         path: layout.to_owned(),
         digest: digest.to_string(),
         reason,
@@ -102,18 +161,14 @@ pub(crate) fn read_blob(layout: &Path, digest: &Digest) -> Result<Vec<u8>, Layou
     let bytes = match read_capped(&path, MAX_METADATA_BYTES) {
         Ok(Some(b)) => b,
         Ok(None) => {
-            return Err(blob_err(format!(
-                "is larger than {MAX_METADATA_BYTES} bytes"
-            )));
+            return Err(blob_err(BadBlob::TooLarge));
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(blob_err("is missing".into())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(blob_err(BadBlob::Missing)),
         Err(err) => return Err(LayoutError::Io { path, err }),
     };
     let actual = Digest::of(&bytes);
     if actual != *digest {
-        return Err(blob_err(format!(
-            "does not match its digest (got {actual})"
-        )));
+        return Err(blob_err(BadBlob::Mismatch(actual.to_string())));
     }
     Ok(bytes)
 }
@@ -127,7 +182,7 @@ pub(crate) fn check_blob(layout: &Path, digest: &Digest) -> Result<PathBuf, Layo
         Err(LayoutError::Blob {
             path: layout.to_owned(),
             digest: digest.to_string(),
-            reason: "is missing".into(),
+            reason: BadBlob::Missing,
         })
     }
 }
@@ -149,30 +204,27 @@ pub(crate) fn resolve(
     layout: &Path,
     tag: Option<&str>,
 ) -> Result<(Digest, ImageManifest), LayoutError> {
-    let not_layout = |reason: String| LayoutError::NotLayout {
+    let not_layout = |reason: NotLayout| LayoutError::NotLayout {
         path: layout.to_owned(),
         reason,
     };
     let marker = layout.join("oci-layout");
     match read_capped(&marker, 4096) {
         Ok(Some(bytes)) => {
-            let v: serde_json::Value = serde_json::from_slice(&bytes)
-                .map_err(|e| not_layout(format!("invalid oci-layout file: {e}")))?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&bytes).map_err(|e| not_layout(NotLayout::Marker(e)))?;
             if !v
                 .get("imageLayoutVersion")
                 .is_some_and(serde_json::Value::is_string)
             {
-                return Err(not_layout(
-                    "the oci-layout file has no imageLayoutVersion".into(),
-                ));
+                return Err(not_layout(NotLayout::NoVersion));
             }
         }
-        Ok(None) => return Err(not_layout("the oci-layout file is too large".into())),
+        Ok(None) => return Err(not_layout(NotLayout::MarkerTooLarge)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(not_layout(if layout.is_dir() {
-                "it has no oci-layout file".into()
-            } else {
-                "no such directory".into()
+            return Err(not_layout(match layout.is_dir() {
+                true => NotLayout::NoMarker,
+                false => NotLayout::NoDirectory,
             }));
         }
         Err(err) => return Err(LayoutError::Io { path: marker, err }),
@@ -180,9 +232,9 @@ pub(crate) fn resolve(
     let index_path = layout.join("index.json");
     let index_bytes = match read_capped(&index_path, MAX_METADATA_BYTES) {
         Ok(Some(b)) => b,
-        Ok(None) => return Err(not_layout("index.json is too large".into())),
+        Ok(None) => return Err(not_layout(NotLayout::IndexTooLarge)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(not_layout("it has no index.json".into()));
+            return Err(not_layout(NotLayout::NoIndex));
         }
         Err(err) => {
             return Err(LayoutError::Io {
@@ -199,7 +251,7 @@ pub(crate) fn resolve(
 
     let chosen = match tag {
         Some(tag) => {
-            let matching: Vec<Descriptor> = index
+            let mut matching: Vec<Descriptor> = index
                 .manifests
                 .iter()
                 .filter(|d| {
@@ -217,10 +269,7 @@ pub(crate) fn resolve(
                         available: tags(&index.manifests),
                     });
                 }
-                1 => matching
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| not_layout("empty match".into()))?,
+                1 => matching.swap_remove(0),
                 // Several platforms under one tag: choose like an index.
                 _ => manifest::select_platform(
                     &manifest::Index {
@@ -233,7 +282,7 @@ pub(crate) fn resolve(
         }
         None => match index.manifests.len() {
             1 => index.manifests[0].clone(),
-            0 => return Err(not_layout("index.json lists no manifests".into())),
+            0 => return Err(not_layout(NotLayout::EmptyIndex)),
             count => {
                 return Err(LayoutError::Ambiguous {
                     path: layout.to_owned(),
@@ -260,7 +309,7 @@ pub(crate) fn resolve(
     Err(mf(manifest::ManifestError::Invalid {
         what: "index",
         digest: digest.to_string(),
-        reason: "indexes nested more than one level deep are not supported".into(),
+        reason: manifest::InvalidManifest::NestedIndex,
     }))
 }
 
@@ -273,17 +322,14 @@ enum Member {
 }
 
 /// Classifies a member path of an `oci-archive:` tar. `..` is refused outright.
-fn classify(raw: &[u8]) -> Result<Member, String> {
-    let path = std::str::from_utf8(raw).map_err(|_| "a member name is not UTF-8".to_owned())?;
+fn classify(raw: &[u8]) -> Result<Member, BadArchive> {
+    let path = std::str::from_utf8(raw).map_err(|_| BadArchive::NotUtf8)?;
     let comps: Vec<&str> = path
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
         .collect();
     if comps.contains(&"..") {
-        return Err(format!(
-            "member {:?} leads out of the archive",
-            truncate(path)
-        ));
+        return Err(BadArchive::LeadsOut(truncate(path)));
     }
     Ok(match comps.as_slice() {
         ["oci-layout"] => Member::File("oci-layout".into()),
@@ -320,9 +366,9 @@ fn extract_into(archive: &Path, dest: &Path, limit: u64) -> Result<(), LayoutErr
     use std::io::{BufRead, BufReader};
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 
-    let bad = |reason: String| LayoutError::NotLayout {
+    let bad = |reason: BadArchive| LayoutError::NotLayout {
         path: archive.to_owned(),
-        reason: format!("not a usable oci-archive: {reason}"),
+        reason: NotLayout::Archive(reason),
     };
     let io_err = |path: &Path| {
         let path = path.to_owned();
@@ -333,15 +379,13 @@ fn extract_into(archive: &Path, dest: &Path, limit: u64) -> Result<(), LayoutErr
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(LayoutError::NotLayout {
                 path: archive.to_owned(),
-                reason: "no such file".into(),
+                reason: NotLayout::NoFile,
             });
         }
         Err(e) => return Err(io_err(archive)(e)),
     };
     if file.metadata().map_err(io_err(archive))?.is_dir() {
-        return Err(bad(
-            "it is a directory (use oci:PATH for a layout directory)".into(),
-        ));
+        return Err(bad(BadArchive::Directory));
     }
     let mut reader = BufReader::new(file);
     let gzip = reader
@@ -364,12 +408,10 @@ fn extract_into(archive: &Path, dest: &Path, limit: u64) -> Result<(), LayoutErr
     let mut tar = tar::Archive::new(reader);
     let mut written: u64 = 0;
     let mut files = 0usize;
-    let entries = tar
-        .entries()
-        .map_err(|e| bad(format!("cannot read the tar: {e}")))?;
+    let entries = tar.entries().map_err(|e| bad(BadArchive::Tar(e)))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| bad(format!("cannot read the tar: {e}")))?;
-        let name = match classify(&entry.path_bytes()).map_err(&bad)? {
+        let mut entry = entry.map_err(|e| bad(BadArchive::Tar(e)))?;
+        let name = match classify(&entry.path_bytes()).map_err(bad)? {
             Member::File(name) => name,
             Member::Skip => continue,
         };
@@ -382,7 +424,7 @@ fn extract_into(archive: &Path, dest: &Path, limit: u64) -> Result<(), LayoutErr
         let size = entry.size();
         written = written.saturating_add(size);
         if written > limit {
-            return Err(bad(format!("it holds more than {limit} bytes")));
+            return Err(bad(BadArchive::TooLarge(limit)));
         }
         let path = dest.join(&name);
         let mut out = std::fs::OpenOptions::new()
@@ -393,20 +435,24 @@ fn extract_into(archive: &Path, dest: &Path, limit: u64) -> Result<(), LayoutErr
             .open(&path)
             .map_err(|e| {
                 if e.kind() == io::ErrorKind::AlreadyExists {
-                    bad(format!("{name} appears twice"))
+                    bad(BadArchive::Twice(name.clone()))
                 } else {
                     io_err(&path)(e)
                 }
             })?;
-        let copied = io::copy(&mut (&mut entry).take(size), &mut out)
-            .map_err(|e| bad(format!("cannot read {name}: {e}")))?;
+        let copied = io::copy(&mut (&mut entry).take(size), &mut out).map_err(|err| {
+            bad(BadArchive::Member {
+                name: name.clone(),
+                err,
+            })
+        })?;
         if copied != size {
-            return Err(bad(format!("{name} is truncated")));
+            return Err(bad(BadArchive::Truncated(name)));
         }
         files += 1;
     }
     if files == 0 {
-        return Err(bad("it has no oci-layout, index.json or blobs".into()));
+        return Err(bad(BadArchive::Empty));
     }
     Ok(())
 }

@@ -40,7 +40,7 @@ pub enum ManifestError {
     Invalid {
         what: &'static str,
         digest: String,
-        reason: String,
+        reason: InvalidManifest,
     },
     #[error("{what} {digest} has an invalid digest: {err}")]
     BadDigest {
@@ -49,7 +49,10 @@ pub enum ManifestError {
         err: DigestError,
     },
     #[error("manifest {digest} is not supported: {reason}")]
-    Unsupported { digest: String, reason: String },
+    Unsupported {
+        digest: String,
+        reason: UnsupportedManifest,
+    },
     #[error("index {digest} has no image for {wanted} (available: {available})")]
     NoPlatform {
         digest: String,
@@ -58,6 +61,40 @@ pub enum ManifestError {
     },
     #[error("image {digest} is built for {os}, not linux")]
     WrongOs { digest: String, os: String },
+}
+
+/// What makes a manifest, index or config invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidManifest {
+    #[error("descriptor {0} has a negative size")]
+    NegativeSize(String),
+    #[error("schemaVersion is {0:?}, expected 2")]
+    SchemaVersion(Option<i64>),
+    #[error("it has no config")]
+    NoConfig,
+    #[error("its config is {0} bytes, more than the {MAX_METADATA_BYTES} byte limit")]
+    ConfigTooLarge(u64),
+    #[error("rootfs.type is \"{0}\", expected \"layers\"")]
+    RootfsType(String),
+    #[error("it lists {diff_ids} diff_ids but the manifest has {layers} layers")]
+    LayerCount { diff_ids: usize, layers: usize },
+    #[error("indexes nested more than one level deep are not supported")]
+    NestedIndex,
+}
+
+/// What makes a manifest one fnrun does not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnsupportedManifest {
+    #[error("docker schema 1 manifests are not supported")]
+    SchemaOne,
+    #[error("unsupported media type \"{0}\"")]
+    MediaType(String),
+    #[error("it is not a container image (config media type \"{0}\")")]
+    NotAnImage(String),
+    #[error("layer {layer}: unsupported layer media type \"{media_type}\"")]
+    LayerMediaType { layer: String, media_type: String },
+    #[error("an index entry for this platform is itself an index")]
+    NestedIndex,
 }
 
 impl ManifestError {
@@ -159,7 +196,7 @@ fn descriptor(
     let size = u64::try_from(raw.size).map_err(|_| ManifestError::Invalid {
         what,
         digest: ctx.to_owned(),
-        reason: format!("descriptor {digest} has a negative size"),
+        reason: InvalidManifest::NegativeSize(digest.to_string()),
     })?;
     Ok(Descriptor {
         media_type: raw.media_type.unwrap_or_default(),
@@ -181,14 +218,14 @@ pub(crate) fn parse_manifest(bytes: &[u8], digest: &Digest) -> Result<Manifest, 
     if raw.schema_version == Some(1) {
         return Err(ManifestError::Unsupported {
             digest: ctx,
-            reason: "docker schema 1 manifests are not supported".into(),
+            reason: UnsupportedManifest::SchemaOne,
         });
     }
     if raw.schema_version != Some(2) {
         return Err(ManifestError::Invalid {
             what: "manifest",
             digest: ctx,
-            reason: format!("schemaVersion is {:?}, expected 2", raw.schema_version),
+            reason: InvalidManifest::SchemaVersion(raw.schema_version),
         });
     }
     let is_index = match raw.media_type.as_deref() {
@@ -197,7 +234,7 @@ pub(crate) fn parse_manifest(bytes: &[u8], digest: &Digest) -> Result<Manifest, 
         Some(other) => {
             return Err(ManifestError::Unsupported {
                 digest: ctx,
-                reason: format!("unsupported media type \"{}\"", truncate(other)),
+                reason: UnsupportedManifest::MediaType(truncate(other)),
             });
         }
         None => raw.manifests.is_some() && raw.config.is_none(),
@@ -212,26 +249,20 @@ pub(crate) fn parse_manifest(bytes: &[u8], digest: &Digest) -> Result<Manifest, 
     let config = raw.config.ok_or_else(|| ManifestError::Invalid {
         what: "manifest",
         digest: ctx.clone(),
-        reason: "it has no config".into(),
+        reason: InvalidManifest::NoConfig,
     })?;
     let config = descriptor("manifest", &ctx, config)?;
     if config.media_type != OCI_CONFIG && config.media_type != DOCKER_CONFIG {
         return Err(ManifestError::Unsupported {
             digest: ctx,
-            reason: format!(
-                "it is not a container image (config media type \"{}\")",
-                truncate(&config.media_type)
-            ),
+            reason: UnsupportedManifest::NotAnImage(truncate(&config.media_type)),
         });
     }
     if config.size > MAX_METADATA_BYTES {
         return Err(ManifestError::Invalid {
             what: "manifest",
             digest: ctx,
-            reason: format!(
-                "its config is {} bytes, more than the {MAX_METADATA_BYTES} byte limit",
-                config.size
-            ),
+            reason: InvalidManifest::ConfigTooLarge(config.size),
         });
     }
     let layers = raw
@@ -241,10 +272,15 @@ pub(crate) fn parse_manifest(bytes: &[u8], digest: &Digest) -> Result<Manifest, 
         .map(|l| descriptor("manifest", &ctx, l))
         .collect::<Result<Vec<_>, _>>()?;
     for layer in &layers {
-        layer_compression(&layer.media_type).map_err(|reason| ManifestError::Unsupported {
-            digest: ctx.clone(),
-            reason: format!("layer {}: {reason}", layer.digest),
-        })?;
+        if layer_compression(&layer.media_type).is_none() {
+            return Err(ManifestError::Unsupported {
+                digest: ctx.clone(),
+                reason: UnsupportedManifest::LayerMediaType {
+                    layer: layer.digest.to_string(),
+                    media_type: truncate(&layer.media_type),
+                },
+            });
+        }
     }
     Ok(Manifest::Image(ImageManifest { config, layers }))
 }
@@ -260,7 +296,7 @@ pub(crate) fn parse_index(bytes: &[u8], ctx: &str) -> Result<Index, ManifestErro
         return Err(ManifestError::Invalid {
             what: "index",
             digest: ctx.to_owned(),
-            reason: format!("schemaVersion is {:?}, expected 2", raw.schema_version),
+            reason: InvalidManifest::SchemaVersion(raw.schema_version),
         });
     }
     parse_index_raw("index", ctx, raw.manifests)
@@ -279,19 +315,20 @@ fn parse_index_raw(
     Ok(Index { manifests })
 }
 
-/// How a layer is compressed, from its media type.
-pub(crate) fn layer_compression(media_type: &str) -> Result<Compression, String> {
+/// How a layer is compressed, from its media type; `None` for a media type that is not
+/// a layer fnrun can unpack.
+pub(crate) fn layer_compression(media_type: &str) -> Option<Compression> {
     match media_type {
         "application/vnd.oci.image.layer.v1.tar"
         | "application/vnd.oci.image.layer.nondistributable.v1.tar"
-        | "application/vnd.docker.image.rootfs.diff.tar" => Ok(Compression::None),
+        | "application/vnd.docker.image.rootfs.diff.tar" => Some(Compression::None),
         "application/vnd.oci.image.layer.v1.tar+gzip"
         | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
         | "application/vnd.docker.image.rootfs.diff.tar.gzip"
-        | "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" => Ok(Compression::Gzip),
+        | "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" => Some(Compression::Gzip),
         "application/vnd.oci.image.layer.v1.tar+zstd"
-        | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd" => Ok(Compression::Zstd),
-        t => Err(format!("unsupported layer media type \"{}\"", truncate(t))),
+        | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd" => Some(Compression::Zstd),
+        _ => None,
     }
 }
 
@@ -431,10 +468,7 @@ pub(crate) fn parse_config(
         return Err(ManifestError::Invalid {
             what: "image config",
             digest: ctx,
-            reason: format!(
-                "rootfs.type is \"{}\", expected \"layers\"",
-                truncate(&rootfs.kind)
-            ),
+            reason: InvalidManifest::RootfsType(truncate(&rootfs.kind)),
         });
     }
     let diff_ids = rootfs
@@ -451,10 +485,10 @@ pub(crate) fn parse_config(
         return Err(ManifestError::Invalid {
             what: "image config",
             digest: ctx,
-            reason: format!(
-                "it lists {} diff_ids but the manifest has {layer_count} layers",
-                diff_ids.len()
-            ),
+            reason: InvalidManifest::LayerCount {
+                diff_ids: diff_ids.len(),
+                layers: layer_count,
+            },
         });
     }
     let c = raw.config.unwrap_or_default();
@@ -545,9 +579,9 @@ mod tests {
                 Compression::Zstd,
             ),
         ] {
-            assert_eq!(layer_compression(t), Ok(c), "{t}");
+            assert_eq!(layer_compression(t), Some(c), "{t}");
         }
-        assert!(layer_compression("application/vnd.oci.image.layer.v1.tar+lz4").is_err());
+        assert!(layer_compression("application/vnd.oci.image.layer.v1.tar+lz4").is_none());
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! Progress of a pull, reported layer by layer, for a caller that shows it (the progress
-//! bars of `fnrun pull`). The daemon does not watch pulls and passes [`NoProgress`].
+//! bars of `fnrun pull`). The daemon does not watch its pulls: without an observer, a pull
+//! reports to [`NoProgress`].
 //!
 //! Only layers are reported: manifests and the config are small and come first.
 
-/// Observes the layers of a pull ([`crate::Cache::get_with_progress`]).
+/// Observes the layers of a pull ([`crate::GetOptions::progress`]).
 ///
 /// Every layer of the image is reported once (a layer listed twice in a manifest, once),
 /// in one of two ways:
@@ -58,6 +59,6 @@ pub trait PullProgress: Send + Sync {
 
 /// A [`PullProgress`] that ignores everything.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoProgress;
+pub(crate) struct NoProgress;
 
 impl PullProgress for NoProgress {}

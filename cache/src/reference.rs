@@ -26,20 +26,93 @@ pub struct ReferenceError {
     /// The reference as given (truncated if very long).
     pub reference: String,
     /// What is wrong with it.
-    pub reason: String,
+    pub reason: ReferenceProblem,
 }
 
-fn invalid(reference: &str, reason: impl Into<String>) -> ReferenceError {
+/// What is wrong with an image reference.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReferenceProblem {
+    #[error("the reference is empty")]
+    Empty,
+    #[error("the reference contains white space or control characters")]
+    WhiteSpace,
+    #[error("the oci layout path is empty")]
+    EmptyLayoutPath,
+    #[error("the tag after the oci layout path is empty")]
+    EmptyLayoutTag,
+    #[error("the oci layout tag has characters outside [A-Za-z0-9-._:@+/]")]
+    LayoutTag,
+    #[error("more than one '@'")]
+    SeveralDigests,
+    #[error("unsupported digest algorithm \"{0}\"; only sha256 is supported")]
+    DigestAlgorithm(String),
+    #[error("the digest must be sha256: followed by 64 lower-case hex digits")]
+    Digest,
+    #[error("the repository name is empty")]
+    EmptyRepository,
+    #[error("the name is longer than {MAX_NAME_LEN} characters")]
+    NameTooLong,
+    #[error("the tag must match [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}")]
+    Tag,
+    #[error("invalid registry \"{registry}\": {problem}")]
+    Registry {
+        registry: String,
+        problem: RegistryProblem,
+    },
+    #[error("the default registry is invalid: invalid registry \"{registry}\": {problem}")]
+    DefaultRegistry {
+        registry: String,
+        problem: RegistryProblem,
+    },
+    #[error("the repository name must be lower-case")]
+    UpperCase,
+    #[error(
+        "invalid repository path component \"{0}\": it must be lower-case letters and digits separated by '.', '_', '__' or '-'"
+    )]
+    RepositoryComponent(String),
+}
+
+/// What is wrong with the registry part of a reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryProblem {
+    #[error("unterminated '[' in IPv6 address")]
+    UnterminatedIpv6,
+    #[error("invalid IPv6 address")]
+    Ipv6,
+    #[error("unexpected characters after the IPv6 address")]
+    AfterIpv6,
+    #[error("host names are dot-separated labels of letters, digits and '-'")]
+    Host,
+    #[error("the port must be a number")]
+    Port,
+}
+
+fn invalid(reference: &str, reason: ReferenceProblem) -> ReferenceError {
     ReferenceError {
         reference: truncate(reference),
-        reason: reason.into(),
+        reason,
     }
 }
 
-/// Where an image comes from.
+/// Where an image comes from: a parsed and normalized reference.
+///
+/// Only [`ImageRef::parse`] (and [`crate::Cache::parse_reference`]) make one: its
+/// variants cannot be built elsewhere, so whoever holds an `ImageRef` holds a valid,
+/// normalized reference and nothing normalizes it again.
+///
+/// ```compile_fail
+/// // Not outside this crate: the variants are `#[non_exhaustive]`.
+/// let _ = fnrun_cache::ImageRef::Registry {
+///     registry: "docker.io".into(),
+///     repository: "busybox".into(),
+///     tag: None,
+///     digest: None,
+/// };
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ImageRef {
     /// An image in a registry. `tag` is `latest` when neither a tag nor a digest was given.
+    #[non_exhaustive]
     Registry {
         /// Registry host with an optional port, lower-case, e.g. `index.docker.io`, `localhost:5000`.
         registry: String,
@@ -51,6 +124,7 @@ pub enum ImageRef {
         digest: Option<String>,
     },
     /// An OCI image layout directory on the local file system.
+    #[non_exhaustive]
     OciLayout {
         /// The layout directory (as given).
         path: PathBuf,
@@ -75,18 +149,6 @@ impl ImageRef {
                 digest: Some(d), ..
             } => Digest::parse(d).ok(),
             _ => None,
-        }
-    }
-
-    /// Re-validates and normalizes a reference that may have been built by hand.
-    pub(crate) fn normalized(&self) -> Result<ImageRef, ReferenceError> {
-        match self {
-            // The display form of a registry reference always names its registry.
-            ImageRef::Registry { .. } => parse_registry(&self.to_string(), DOCKER_HUB),
-            ImageRef::OciLayout { path, .. } if path.as_os_str().is_empty() => {
-                Err(invalid(&self.to_string(), "the oci layout path is empty"))
-            }
-            ImageRef::OciLayout { .. } => Ok(self.clone()),
         }
     }
 }
@@ -123,13 +185,10 @@ impl fmt::Display for ImageRef {
 
 pub(crate) fn parse(s: &str, default_registry: &str) -> Result<ImageRef, ReferenceError> {
     if s.is_empty() {
-        return Err(invalid(s, "the reference is empty"));
+        return Err(invalid(s, ReferenceProblem::Empty));
     }
     if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(invalid(
-            s,
-            "the reference contains white space or control characters",
-        ));
+        return Err(invalid(s, ReferenceProblem::WhiteSpace));
     }
     if let Some(rest) = s.strip_prefix("oci:") {
         return parse_oci_layout(s, rest, false);
@@ -148,11 +207,11 @@ fn parse_oci_layout(s: &str, rest: &str, archive: bool) -> Result<ImageRef, Refe
         None => (rest, None),
     };
     if path.is_empty() {
-        return Err(invalid(s, "the oci layout path is empty"));
+        return Err(invalid(s, ReferenceProblem::EmptyLayoutPath));
     }
     if let Some(tag) = tag {
         if tag.is_empty() {
-            return Err(invalid(s, "the tag after the oci layout path is empty"));
+            return Err(invalid(s, ReferenceProblem::EmptyLayoutTag));
         }
         // The org.opencontainers.image.ref.name grammar: alphanumerics and -._:@+/
         if tag.len() > MAX_NAME_LEN
@@ -160,10 +219,7 @@ fn parse_oci_layout(s: &str, rest: &str, archive: bool) -> Result<ImageRef, Refe
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-._:@+/".contains(&b))
         {
-            return Err(invalid(
-                s,
-                "the oci layout tag has characters outside [A-Za-z0-9-._:@+/]",
-            ));
+            return Err(invalid(s, ReferenceProblem::LayoutTag));
         }
     }
     Ok(ImageRef::OciLayout {
@@ -177,17 +233,11 @@ fn parse_registry(s: &str, default_registry: &str) -> Result<ImageRef, Reference
     let (name_tag, digest) = match s.split_once('@') {
         Some((name_tag, digest)) => {
             if digest.contains('@') {
-                return Err(invalid(s, "more than one '@'"));
+                return Err(invalid(s, ReferenceProblem::SeveralDigests));
             }
             let digest = Digest::parse(digest).map_err(|e| match e {
-                DigestError::Unsupported(alg) => invalid(
-                    s,
-                    format!("unsupported digest algorithm \"{alg}\"; only sha256 is supported"),
-                ),
-                DigestError::Invalid(_) => invalid(
-                    s,
-                    "the digest must be sha256: followed by 64 lower-case hex digits",
-                ),
+                DigestError::Unsupported(alg) => invalid(s, ReferenceProblem::DigestAlgorithm(alg)),
+                DigestError::Invalid(_) => invalid(s, ReferenceProblem::Digest),
             })?;
             (name_tag, Some(digest.to_string()))
         }
@@ -206,7 +256,7 @@ fn parse_registry(s: &str, default_registry: &str) -> Result<ImageRef, Reference
         validate_tag(s, tag)?;
     }
     if name.is_empty() {
-        return Err(invalid(s, "the repository name is empty"));
+        return Err(invalid(s, ReferenceProblem::EmptyRepository));
     }
 
     let (registry, repository) = match name.split_once('/') {
@@ -216,12 +266,16 @@ fn parse_registry(s: &str, default_registry: &str) -> Result<ImageRef, Reference
                 || first == "localhost"
                 || first.starts_with('[') =>
         {
-            validate_registry(s, first)?;
+            validate_registry(first).map_err(|problem| {
+                let registry = truncate(first);
+                invalid(s, ReferenceProblem::Registry { registry, problem })
+            })?;
             (first.to_ascii_lowercase(), rest)
         }
         _ => {
-            validate_registry(default_registry, default_registry).map_err(|e| {
-                invalid(s, format!("the default registry is invalid: {}", e.reason))
+            validate_registry(default_registry).map_err(|problem| {
+                let registry = truncate(default_registry);
+                invalid(s, ReferenceProblem::DefaultRegistry { registry, problem })
             })?;
             (default_registry.to_ascii_lowercase(), name)
         }
@@ -238,10 +292,7 @@ fn parse_registry(s: &str, default_registry: &str) -> Result<ImageRef, Reference
         repository.to_owned()
     };
     if registry.len() + 1 + repository.len() > MAX_NAME_LEN {
-        return Err(invalid(
-            s,
-            format!("the name is longer than {MAX_NAME_LEN} characters"),
-        ));
+        return Err(invalid(s, ReferenceProblem::NameTooLong));
     }
     let tag = match (tag, &digest) {
         (Some(tag), _) => Some(tag.to_owned()),
@@ -266,33 +317,24 @@ fn validate_tag(s: &str, tag: &str) -> Result<(), ReferenceError> {
     if ok {
         Ok(())
     } else {
-        Err(invalid(
-            s,
-            "the tag must match [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}",
-        ))
+        Err(invalid(s, ReferenceProblem::Tag))
     }
 }
 
 /// `host[:port]` where host is DNS labels, or `[ipv6]`.
-fn validate_registry(s: &str, registry: &str) -> Result<(), ReferenceError> {
-    let bad = |reason: &str| {
-        invalid(
-            s,
-            format!("invalid registry \"{}\": {reason}", truncate(registry)),
-        )
-    };
+fn validate_registry(registry: &str) -> Result<(), RegistryProblem> {
     let (host, port) = if let Some(rest) = registry.strip_prefix('[') {
         let Some((addr, after)) = rest.split_once(']') else {
-            return Err(bad("unterminated '[' in IPv6 address"));
+            return Err(RegistryProblem::UnterminatedIpv6);
         };
         if addr.is_empty() || addr.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(bad("invalid IPv6 address"));
+            return Err(RegistryProblem::Ipv6);
         }
         match after {
             "" => (None, None),
             p => match p.strip_prefix(':') {
                 Some(port) => (None, Some(port)),
-                None => return Err(bad("unexpected characters after the IPv6 address")),
+                None => return Err(RegistryProblem::AfterIpv6),
             },
         }
     } else {
@@ -309,15 +351,13 @@ fn validate_registry(s: &str, registry: &str) -> Result<(), ReferenceError> {
                 && !l.ends_with('-')
         };
         if host.is_empty() || !host.split('.').all(label_ok) {
-            return Err(bad(
-                "host names are dot-separated labels of letters, digits and '-'",
-            ));
+            return Err(RegistryProblem::Host);
         }
     }
     if let Some(port) = port
         && (port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()))
     {
-        return Err(bad("the port must be a number"));
+        return Err(RegistryProblem::Port);
     }
     Ok(())
 }
@@ -325,16 +365,13 @@ fn validate_registry(s: &str, registry: &str) -> Result<(), ReferenceError> {
 /// Components `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*` separated by `/`.
 fn validate_repository(s: &str, repository: &str) -> Result<(), ReferenceError> {
     if repository.bytes().any(|b| b.is_ascii_uppercase()) {
-        return Err(invalid(s, "the repository name must be lower-case"));
+        return Err(invalid(s, ReferenceProblem::UpperCase));
     }
     for component in repository.split('/') {
         if !repository_component_ok(component) {
             return Err(invalid(
                 s,
-                format!(
-                    "invalid repository path component \"{}\": it must be lower-case letters and digits separated by '.', '_', '__' or '-'",
-                    truncate(component)
-                ),
+                ReferenceProblem::RepositoryComponent(truncate(component)),
             ));
         }
     }
@@ -572,31 +609,37 @@ mod tests {
     }
 
     #[test]
-    fn hand_built_references_are_normalized_or_refused() {
-        let hub = reg("docker.io", "busybox", Some("1"), None)
-            .normalized()
-            .unwrap();
-        assert_eq!(hub, reg(DOCKER_HUB, "library/busybox", Some("1"), None));
-        assert!(reg("", "busybox", None, None).normalized().is_err());
-        assert!(
-            reg("localhost:5000", "Bad", None, None)
-                .normalized()
-                .is_err()
-        );
-        assert!(
-            reg("localhost:5000", "fn", None, Some("sha256:xyz"))
-                .normalized()
-                .is_err()
-        );
-        let no_tag = reg("localhost:5000", "fn", None, None)
-            .normalized()
-            .unwrap();
-        assert_eq!(no_tag, reg("localhost:5000", "fn", Some("latest"), None));
-    }
-
-    #[test]
     fn refuses_invalid_default_registry() {
         assert!(parse("busybox", "bad registry").is_err());
         assert!(parse("busybox", "").is_err());
+        let err = parse("busybox", "bad:port").unwrap_err();
+        assert_eq!(
+            err.reason,
+            ReferenceProblem::DefaultRegistry {
+                registry: "bad:port".into(),
+                problem: RegistryProblem::Port
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "invalid image reference \"busybox\": the default registry is invalid: invalid registry \"bad:port\": the port must be a number"
+        );
+    }
+
+    #[test]
+    fn messages_name_the_problem() {
+        let message = |r: &str| parse(r, DOCKER_HUB).unwrap_err().to_string();
+        assert_eq!(
+            message("busybox:-tag"),
+            "invalid image reference \"busybox:-tag\": the tag must match [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+        );
+        assert_eq!(
+            message("[zz]:5000/fn"),
+            "invalid image reference \"[zz]:5000/fn\": invalid registry \"[zz]:5000\": invalid IPv6 address"
+        );
+        assert_eq!(
+            message("busybox@md5:ffffffffffffffffffffffffffffffff"),
+            "invalid image reference \"busybox@md5:ffffffffffffffffffffffffffffffff\": unsupported digest algorithm \"md5\"; only sha256 is supported"
+        );
     }
 }

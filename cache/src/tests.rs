@@ -6,11 +6,15 @@ use std::net::TcpStream;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::manifest::{OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, REF_NAME_ANNOTATION, host_arch};
-use crate::unpack::tests::{Member, TarBuilder, gzip};
+use crate::digest::Digest;
+use crate::manifest::{
+    self, Manifest, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, REF_NAME_ANNOTATION, host_arch,
+};
+use crate::unpack::testutil::{Member, TarBuilder, gzip};
 
 const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
@@ -148,7 +152,13 @@ fn noise(len: usize) -> Vec<u8> {
 }
 
 fn cache_at(root: &Path) -> Cache {
-    Cache::open(CacheConfig::new(root)).unwrap()
+    open_cache(CacheConfig::new(root)).unwrap()
+}
+
+/// [`Cache::open`] with the crypto provider the binary installs.
+fn open_cache(config: CacheConfig) -> Result<Cache, Error> {
+    crate::install_test_crypto_provider();
+    Cache::open(config)
 }
 
 fn oci_ref(layout: &Path, tag: Option<&str>) -> ImageRef {
@@ -224,7 +234,7 @@ fn check_image(cache: &Cache, image: &Image, t: &TestImage) {
             .is_char_device()
     );
     assert_eq!(
-        crate::unpack::tests::read_xattr(&top.join("opaque"), "user.overlay.opaque").as_deref(),
+        crate::unpack::testutil::read_xattr(&top.join("opaque"), "user.overlay.opaque").as_deref(),
         Some(&b"y"[..])
     );
 }
@@ -238,7 +248,7 @@ fn cache_is_shareable_and_get_is_send() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = cache_at(tmp.path());
     let r = cache.parse_reference("busybox").unwrap();
-    let fut = cache.get(&r, PullPolicy::Never, &Credentials::Anonymous);
+    let fut = cache.get(&r, GetOptions::new(PullPolicy::Never));
     send(&fut);
 }
 
@@ -254,9 +264,10 @@ async fn oci_layout_get_unpacks_once() {
     let cache = cache_at(&tmp.path().join("cache"));
     let reference = oci_ref(&t.layout, Some("v1"));
     let image = cache
-        .get(&reference, PullPolicy::Never, &Credentials::Anonymous)
+        .get(&reference, GetOptions::new(PullPolicy::Never))
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     check_image(&cache, &image, &t);
     assert_eq!(image.reference, format!("oci:{}:v1", t.layout.display()));
     // Layout blobs are not copied into the store.
@@ -269,9 +280,10 @@ async fn oci_layout_get_unpacks_once() {
 
     let ino = std::fs::metadata(&image.layers[0]).unwrap().ino();
     let again = cache
-        .get(&reference, PullPolicy::Always, &Credentials::Anonymous)
+        .get(&reference, GetOptions::new(PullPolicy::Always))
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     assert_eq!(again, image);
     assert_eq!(
         std::fs::metadata(&image.layers[0]).unwrap().ino(),
@@ -283,11 +295,11 @@ async fn oci_layout_get_unpacks_once() {
     let untagged = cache
         .get(
             &oci_ref(&t.layout, None),
-            PullPolicy::IfNotPresent,
-            &Credentials::Anonymous,
+            GetOptions::new(PullPolicy::IfNotPresent),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     assert_eq!(untagged.layers, image.layers);
     assert_eq!(session_files(&cache), 0, "nothing may be left in tmp/");
 }
@@ -302,12 +314,14 @@ async fn warm_gets_follow_a_moved_tag_and_a_removed_layer() {
     let first = write_layout(&layout, &[base_layer()], "v1", false);
     let cache = cache_at(&tmp.path().join("cache"));
     let reference = oci_ref(&layout, Some("v1"));
-    let get = || {
-        cache.get_leased(
-            &reference,
-            PullPolicy::IfNotPresent,
-            &Credentials::Anonymous,
-        )
+    let get = || async {
+        let got = cache
+            .get(
+                &reference,
+                GetOptions::new(PullPolicy::IfNotPresent).leased(),
+            )
+            .await?;
+        Ok::<_, Error>((got.image, got.lease.expect("a lease")))
     };
     let (image, lease) = get().await.unwrap();
     assert_eq!(image.digest, first.manifest.to_string());
@@ -341,23 +355,21 @@ async fn oci_layout_index_and_tag_errors() {
     let t = write_layout(&layout, &[base_layer(), top_layer()], "multi", true);
     write_layout(&layout, &[base_layer()], "single", false);
     let cache = cache_at(&tmp.path().join("cache"));
-    let anon = Credentials::Anonymous;
 
     let image = cache
         .get(
             &oci_ref(&layout, Some("multi")),
-            PullPolicy::IfNotPresent,
-            &anon,
+            GetOptions::new(PullPolicy::IfNotPresent),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     check_image(&cache, &image, &t);
 
     let err = cache
         .get(
             &oci_ref(&layout, Some("nope")),
-            PullPolicy::IfNotPresent,
-            &anon,
+            GetOptions::new(PullPolicy::IfNotPresent),
         )
         .await
         .unwrap_err();
@@ -369,7 +381,10 @@ async fn oci_layout_index_and_tag_errors() {
     );
 
     let err = cache
-        .get(&oci_ref(&layout, None), PullPolicy::IfNotPresent, &anon)
+        .get(
+            &oci_ref(&layout, None),
+            GetOptions::new(PullPolicy::IfNotPresent),
+        )
         .await
         .unwrap_err();
     eprintln!("error: {err}");
@@ -378,8 +393,7 @@ async fn oci_layout_index_and_tag_errors() {
     let err = cache
         .get(
             &oci_ref(&tmp.path().join("missing"), None),
-            PullPolicy::IfNotPresent,
-            &anon,
+            GetOptions::new(PullPolicy::IfNotPresent),
         )
         .await
         .unwrap_err();
@@ -409,8 +423,7 @@ async fn tampered_layer_is_refused_and_not_stored() {
     let err = cache
         .get(
             &oci_ref(&t.layout, Some("v1")),
-            PullPolicy::IfNotPresent,
-            &Credentials::Anonymous,
+            GetOptions::new(PullPolicy::IfNotPresent),
         )
         .await
         .unwrap_err();
@@ -439,8 +452,7 @@ async fn tampered_layer_is_refused_and_not_stored() {
     let err = cache
         .get(
             &oci_ref(&t2.layout, Some("v1")),
-            PullPolicy::IfNotPresent,
-            &Credentials::Anonymous,
+            GetOptions::new(PullPolicy::IfNotPresent),
         )
         .await
         .unwrap_err();
@@ -467,12 +479,11 @@ async fn image_size_limit_fails_and_stores_nothing() {
     );
     let mut config = CacheConfig::new(tmp.path().join("cache"));
     config.max_image_bytes = 1 << 20;
-    let cache = Cache::open(config).unwrap();
+    let cache = open_cache(config).unwrap();
     let err = cache
         .get(
             &oci_ref(&t.layout, Some("v1")),
-            PullPolicy::IfNotPresent,
-            &Credentials::Anonymous,
+            GetOptions::new(PullPolicy::IfNotPresent),
         )
         .await
         .unwrap_err();
@@ -502,7 +513,7 @@ async fn never_policy_without_cache_is_not_cached() {
     ] {
         let image = cache.parse_reference(r).unwrap();
         let err = cache
-            .get(&image, PullPolicy::Never, &Credentials::Anonymous)
+            .get(&image, GetOptions::new(PullPolicy::Never))
             .await
             .unwrap_err();
         eprintln!("error: {err}");
@@ -510,7 +521,7 @@ async fn never_policy_without_cache_is_not_cached() {
     }
     let image = cache.parse_reference("127.0.0.1:1/fn:v1").unwrap();
     let err = cache
-        .get(&image, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .get(&image, GetOptions::new(PullPolicy::IfNotPresent))
         .await
         .unwrap_err();
     eprintln!("error: {err}");
@@ -538,15 +549,12 @@ async fn concurrent_first_gets_are_safe() {
                 other.clone()
             };
             let r = reference.clone();
-            tokio::spawn(async move {
-                c.get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
-                    .await
-            })
+            tokio::spawn(async move { c.get(&r, GetOptions::new(PullPolicy::IfNotPresent)).await })
         })
         .collect();
     let mut images = Vec::new();
     for t in tasks {
-        images.push(t.await.unwrap().unwrap());
+        images.push(t.await.unwrap().unwrap().image);
     }
     assert!(images.windows(2).all(|w| w[0] == w[1]));
     check_image(&cache, &images[0], &t);
@@ -618,12 +626,57 @@ async fn unpacked_layers_work_as_overlay_lower_dirs() {
     let image = cache
         .get(
             &oci_ref(&t.layout, Some("v1")),
-            PullPolicy::IfNotPresent,
-            &Credentials::Anonymous,
+            GetOptions::new(PullPolicy::IfNotPresent),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     assert_overlay_semantics(&image);
+}
+
+const NO_PROVIDER_ENV: &str = "FNRUN_CACHE_TEST_NO_PROVIDER_CHILD";
+
+/// The library installs no process-wide crypto provider: without one, opening a cache
+/// fails with a clear error (instead of a panic in the first TLS client). Checked in
+/// a child process of this test binary, where no test has installed one.
+#[test]
+fn opening_without_a_crypto_provider_fails_clearly() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests::no_provider_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(NO_PROVIDER_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "the child failed or did not run:\n{stdout}\n{stderr}"
+    );
+}
+
+#[test]
+#[ignore = "run by opening_without_a_crypto_provider_fails_clearly in a fresh process"]
+fn no_provider_child() {
+    assert_eq!(std::env::var(NO_PROVIDER_ENV).as_deref(), Ok("1"));
+    assert!(rustls::crypto::CryptoProvider::get_default().is_none());
+    let tmp = tempfile::tempdir().unwrap();
+    let err = Cache::open(CacheConfig::new(tmp.path())).unwrap_err();
+    assert!(
+        matches!(err, Error::Registry(RegistryError::NoCryptoProvider)),
+        "{err}"
+    );
+    assert_eq!(err.kind(), ErrorKind::Internal);
+    assert!(err.to_string().contains("crypto provider"), "{err}");
+    assert!(
+        rustls::crypto::CryptoProvider::get_default().is_none(),
+        "the library must not install one"
+    );
 }
 
 const CHILD_ENV: &str = "FNRUN_CACHE_TEST_ROOTLESS_CHILD";
@@ -684,11 +737,11 @@ fn rootless_child() {
         let image = cache
             .get(
                 &oci_ref(&t.layout, Some("v1")),
-                PullPolicy::IfNotPresent,
-                &Credentials::Anonymous,
+                GetOptions::new(PullPolicy::IfNotPresent),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .image;
         check_image(&cache, &image, &t);
         image
     });
@@ -834,26 +887,30 @@ async fn registry_pull_and_policies() {
     let t = write_layout(&layout, &[base_layer(), top_layer()], "multi", true);
     push(&layout, "multi", &format!("{}/test/fn:v1", reg.addr), None);
     let cache = cache_at(&tmp.path().join("cache"));
-    let anon = Credentials::Anonymous;
     let r = cache
         .parse_reference(&format!("{}/test/fn:v1", reg.addr))
         .unwrap();
 
     let image = cache
-        .get(&r, PullPolicy::IfNotPresent, &anon)
+        .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     check_image(&cache, &image, &t);
     assert_eq!(image.reference, format!("{}/test/fn:v1", reg.addr));
     assert_eq!(session_files(&cache), 0);
-    let again = cache.get(&r, PullPolicy::Always, &anon).await.unwrap();
+    let again = cache
+        .get(&r, GetOptions::new(PullPolicy::Always))
+        .await
+        .unwrap()
+        .image;
     assert_eq!(again, image);
 
     let missing = cache
         .parse_reference(&format!("{}/test/fn:nope", reg.addr))
         .unwrap();
     let err = cache
-        .get(&missing, PullPolicy::IfNotPresent, &anon)
+        .get(&missing, GetOptions::new(PullPolicy::IfNotPresent))
         .await
         .unwrap_err();
     eprintln!("error: {err}");
@@ -862,7 +919,7 @@ async fn registry_pull_and_policies() {
         .parse_reference(&format!("{}/test/other:v1", reg.addr))
         .unwrap();
     let err = cache
-        .get(&missing, PullPolicy::Always, &anon)
+        .get(&missing, GetOptions::new(PullPolicy::Always))
         .await
         .unwrap_err();
     eprintln!("error: {err}");
@@ -879,14 +936,19 @@ async fn registry_pull_and_policies() {
         .parse_reference(&format!("{}/test/fn@{}", reg.addr, t.manifest))
         .unwrap();
     let pinned = cache
-        .get(&by_digest, PullPolicy::IfNotPresent, &anon)
+        .get(&by_digest, GetOptions::new(PullPolicy::IfNotPresent))
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     assert_eq!(pinned.layers, image.layers);
 
     // Without the registry: cached images need no network, Always does.
     drop(reg);
-    let cached = cache.get(&r, PullPolicy::Never, &anon).await.unwrap();
+    let cached = cache
+        .get(&r, GetOptions::new(PullPolicy::Never))
+        .await
+        .unwrap()
+        .image;
     assert!(image.pulled, "the first get pulled");
     assert!(!cached.pulled, "a cached get does not pull");
     assert_eq!(
@@ -897,18 +959,26 @@ async fn registry_pull_and_policies() {
         }
     );
     let cached_again = cache
-        .get(&r, PullPolicy::IfNotPresent, &anon)
+        .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     assert_eq!(cached_again, cached);
-    let err = cache.get(&r, PullPolicy::Always, &anon).await.unwrap_err();
+    let err = cache
+        .get(&r, GetOptions::new(PullPolicy::Always))
+        .await
+        .unwrap_err();
     eprintln!("error: {err}");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 
     // A fresh cache on the same root (a restarted daemon) still has it.
     drop(cache);
     let cache = cache_at(&tmp.path().join("cache"));
-    let restarted = cache.get(&r, PullPolicy::Never, &anon).await.unwrap();
+    let restarted = cache
+        .get(&r, GetOptions::new(PullPolicy::Never))
+        .await
+        .unwrap()
+        .image;
     assert_eq!(restarted, cached);
 }
 
@@ -936,7 +1006,7 @@ async fn registry_basic_auth() {
         .unwrap();
 
     let err = cache
-        .get(&r, PullPolicy::Always, &Credentials::Anonymous)
+        .get(&r, GetOptions::new(PullPolicy::Always))
         .await
         .unwrap_err();
     eprintln!("error: {err}");
@@ -945,7 +1015,13 @@ async fn registry_basic_auth() {
         username: "alice".into(),
         password: "not-the-password".into(),
     };
-    let err = cache.get(&r, PullPolicy::Always, &wrong).await.unwrap_err();
+    let err = cache
+        .get(
+            &r,
+            GetOptions::new(PullPolicy::Always).credentials(wrong.clone()),
+        )
+        .await
+        .unwrap_err();
     eprintln!("error: {err}");
     assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
     assert!(!err.to_string().contains("not-the-password"), "{err}");
@@ -955,11 +1031,18 @@ async fn registry_basic_auth() {
         username: "alice".into(),
         password: "wonderland-secret".into(),
     };
-    let image = cache.get(&r, PullPolicy::Always, &right).await.unwrap();
+    let image = cache
+        .get(
+            &r,
+            GetOptions::new(PullPolicy::Always).credentials(right.clone()),
+        )
+        .await
+        .unwrap()
+        .image;
     check_image(&cache, &image, &t);
     // Credentials of one request are not reused for another.
     let err = cache
-        .get(&r, PullPolicy::Always, &Credentials::Anonymous)
+        .get(&r, GetOptions::new(PullPolicy::Always))
         .await
         .unwrap_err();
     eprintln!("error: {err}");
@@ -996,7 +1079,7 @@ async fn a_pull_of_an_archive_dropped_while_extracting_leaves_nothing_behind() {
     };
     // The pull is dropped once its extraction has started.
     tokio::select! {
-        _ = cache.get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous) => {
+        _ = cache.get(&r, GetOptions::new(PullPolicy::IfNotPresent)) => {
             panic!("the pull ended before it could be dropped")
         }
         () = extracting => {}
@@ -1005,9 +1088,10 @@ async fn a_pull_of_an_archive_dropped_while_extracting_leaves_nothing_behind() {
     assert_eq!(session_files(&cache), 0);
     // And the image can be pulled afterwards.
     let image = cache
-        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     assert_eq!(image.layers.len(), 1);
     assert_eq!(session_files(&cache), 0);
 }

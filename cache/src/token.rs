@@ -93,7 +93,7 @@ pub(crate) fn refresh_form(refresh_token: &str, service: Option<&str>, scope: &s
         .join("&")
 }
 
-/// The host[:port] part of an http(s) URL and whether it is https.
+/// The `host[:port]` part of an http(s) URL and whether it is https.
 fn url_host(url: &str) -> Option<(bool, &str)> {
     let (https, rest) = if let Some(r) = url.strip_prefix("https://") {
         (true, r)

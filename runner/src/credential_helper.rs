@@ -60,8 +60,20 @@ pub enum HelperError {
         status: ExitStatus,
         message: String,
     },
-    #[error("credential helper {program} printed an invalid answer: {reason}")]
-    Invalid { program: String, reason: String },
+    #[error("credential helper {program} printed an invalid answer: {err}")]
+    Invalid { program: String, err: AnswerError },
+}
+
+/// Why a helper's answer is not credentials. Names fields, never their values.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// serde_json's syntax errors name a line and column, never the text.
+    #[error("not JSON ({0})")]
+    Json(serde_json::Error),
+    #[error("not a JSON object")]
+    NotAnObject,
+    #[error("{0:?} is not a string")]
+    FieldType(&'static str),
 }
 
 fn message_suffix(message: &str) -> String {
@@ -233,21 +245,20 @@ pub fn get(
             message,
         });
     }
-    parse_answer(&out).map_err(|reason| HelperError::Invalid { program, reason })
+    parse_answer(&out).map_err(|err| HelperError::Invalid { program, err })
 }
 
 /// Credentials from a helper's answer. Errors name fields, never their values.
-fn parse_answer(out: &[u8]) -> Result<Credentials, String> {
-    // serde_json's syntax errors name a line and column, never the text.
-    let json: Value = serde_json::from_slice(out).map_err(|e| format!("not JSON ({e})"))?;
+fn parse_answer(out: &[u8]) -> Result<Credentials, AnswerError> {
+    let json: Value = serde_json::from_slice(out).map_err(AnswerError::Json)?;
     if !json.is_object() {
-        return Err("not a JSON object".into());
+        return Err(AnswerError::NotAnObject);
     }
-    let field = |name: &str| -> Result<&str, String> {
+    let field = |name: &'static str| -> Result<&str, AnswerError> {
         match json.get(name) {
             None | Some(Value::Null) => Ok(""),
             Some(Value::String(s)) => Ok(s),
-            Some(_) => Err(format!("{name:?} is not a string")),
+            Some(_) => Err(AnswerError::FieldType(name)),
         }
     };
     let (username, secret) = (field("Username")?, field("Secret")?);
@@ -446,17 +457,17 @@ printf '{"ServerURL":"%s","Username":"<token>","Secret":"s3cret-refresh"}' "$ser
         ];
         for a in anon {
             assert_eq!(
-                parse_answer(a.as_bytes()),
-                Ok(Credentials::Anonymous),
+                parse_answer(a.as_bytes()).unwrap(),
+                Credentials::Anonymous,
                 "{a}"
             );
         }
         assert_eq!(
-            parse_answer(br#"{"Username":"u","Secret":""}"#),
-            Ok(Credentials::Basic {
+            parse_answer(br#"{"Username":"u","Secret":""}"#).unwrap(),
+            Credentials::Basic {
                 username: "u".into(),
                 password: "".into()
-            })
+            }
         );
         for bad in [&b"[]"[..], b"", b"{\"Secret\": 1}"] {
             assert!(parse_answer(bad).is_err());

@@ -35,10 +35,58 @@ use base64::Engine;
 use fnrun_cache::{Cache, Credentials, ImageRef};
 use serde_json::{Map, Value};
 
-use crate::credential_helper::{self, HELPER_TIMEOUT};
+use crate::credential_helper::{self, HELPER_TIMEOUT, HelperError};
 
 /// Largest config file read.
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// Why the docker config file gives no credentials. Never contains a value of the file.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerConfigError {
+    #[error("cannot read {}: {err}", .path.display())]
+    Read { path: PathBuf, err: std::io::Error },
+    #[error("{} is too large (more than {limit} bytes)", .path.display())]
+    TooLarge { path: PathBuf, limit: u64 },
+    /// serde_json's syntax errors name a line and column, never the text.
+    #[error("cannot parse {}: {err}", .path.display())]
+    Parse {
+        path: PathBuf,
+        err: serde_json::Error,
+    },
+    #[error("{}: {err}", .path.display())]
+    Setting { path: PathBuf, err: SettingError },
+    #[error("{}: {origin}: {err}", .path.display())]
+    Helper {
+        path: PathBuf,
+        /// The setting that chose the helper: `credsStore` or `credHelpers["key"]`.
+        origin: String,
+        err: HelperError,
+    },
+}
+
+/// A setting of the config file that cannot be used; names it, never its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error("{0:?} is not an object")]
+    NotAnObject(&'static str),
+    #[error("{origin} is not a string")]
+    HelperNotAString { origin: String },
+    #[error("\"credsStore\" is not a string")]
+    StoreNotAString,
+    #[error("auths[{key:?}]: {err}")]
+    Entry { key: String, err: EntryError },
+}
+
+/// An `auths` entry that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntryError {
+    #[error("the entry is not an object")]
+    NotAnObject,
+    #[error("{0:?} is not a string")]
+    NotAString(&'static str),
+    #[error("\"auth\" is not base64 of user:password")]
+    BadAuth,
+}
 
 /// Names of Docker Hub in `auths` keys.
 const DOCKER_HUB_ALIASES: &[&str] = &[
@@ -69,7 +117,7 @@ struct Helpers {
 
 /// Credentials for `image` from the docker config file of this process's environment;
 /// anonymous for `oci:` images, registries without an entry and when there is no file.
-pub fn credentials_for_image(cache: &Cache, image: &str) -> Result<Credentials, String> {
+pub fn credentials_for_image(cache: &Cache, image: &str) -> Result<Credentials, DockerConfigError> {
     // A malformed reference is reported by the run or pull itself.
     let Ok(ImageRef::Registry { registry, .. }) = cache.parse_reference(image) else {
         return Ok(Credentials::Anonymous);
@@ -91,34 +139,50 @@ fn credentials_from_file(
     path: &Path,
     registry: &str,
     helpers: &Helpers,
-) -> Result<Credentials, String> {
+) -> Result<Credentials, DockerConfigError> {
     use std::io::Read;
+    let read = |err| DockerConfigError::Read {
+        path: path.to_owned(),
+        err,
+    };
     let mut bytes = Vec::new();
     match std::fs::File::open(path) {
         Ok(f) => f
             .take(MAX_CONFIG_BYTES + 1)
             .read_to_end(&mut bytes)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+            .map_err(read)?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Credentials::Anonymous),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => return Err(read(e)),
     };
     if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(format!("{} is too large", path.display()));
+        return Err(DockerConfigError::TooLarge {
+            path: path.to_owned(),
+            limit: MAX_CONFIG_BYTES,
+        });
     }
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Credentials::Anonymous);
     }
-    // serde_json's syntax errors name a line and column, never the text.
-    let json: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("cannot parse {}: {e}", path.display()))?;
-    match lookup(&json, registry).map_err(|e| format!("{}: {e}", path.display()))? {
+    let json: Value = serde_json::from_slice(&bytes).map_err(|err| DockerConfigError::Parse {
+        path: path.to_owned(),
+        err,
+    })?;
+    let found = lookup(&json, registry).map_err(|err| DockerConfigError::Setting {
+        path: path.to_owned(),
+        err,
+    })?;
+    match found {
         Lookup::Found(creds) => Ok(creds),
         Lookup::Helper {
             helper,
             server,
             origin,
         } => credential_helper::get(&helper, &server, helpers.path.as_deref(), helpers.timeout)
-            .map_err(|e| format!("{}: {origin}: {e}", path.display())),
+            .map_err(|err| DockerConfigError::Helper {
+                path: path.to_owned(),
+                origin,
+                err,
+            }),
     }
 }
 
@@ -164,21 +228,28 @@ fn find_entry<'a>(map: &'a Map<String, Value>, registry: &str) -> Option<(&'a st
 }
 
 /// The object `name` of the file, if it is there.
-fn object<'a>(json: &'a Value, name: &str) -> Result<Option<&'a Map<String, Value>>, String> {
+fn object<'a>(
+    json: &'a Value,
+    name: &'static str,
+) -> Result<Option<&'a Map<String, Value>>, SettingError> {
     match json.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(map)) => Ok(Some(map)),
-        Some(_) => Err(format!("{name:?} is not an object")),
+        Some(_) => Err(SettingError::NotAnObject(name)),
     }
 }
 
 /// Where the credentials for `registry` come from, in docker's order (module doc).
-fn lookup(json: &Value, registry: &str) -> Result<Lookup, String> {
+fn lookup(json: &Value, registry: &str) -> Result<Lookup, SettingError> {
     let entry = object(json, "auths")?.and_then(|auths| find_entry(auths, registry));
+    let entry_error = |key: &str, err| SettingError::Entry {
+        key: key.to_owned(),
+        err,
+    };
     let from_auths = || match entry {
         Some((key, entry)) => entry_credentials(entry)
             .map(Lookup::Found)
-            .map_err(|e| format!("auths[{key:?}]: {e}")),
+            .map_err(|err| entry_error(key, err)),
         None => Ok(Lookup::Found(Credentials::Anonymous)),
     };
     let from_helper = |name: &str, origin: String| {
@@ -193,7 +264,7 @@ fn lookup(json: &Value, registry: &str) -> Result<Lookup, String> {
                     }));
                 }
                 Some(_) => {
-                    return Err(format!("auths[{key:?}]: \"registrytoken\" is not a string"));
+                    return Err(entry_error(key, EntryError::NotAString("registrytoken")));
                 }
             }
         }
@@ -216,7 +287,7 @@ fn lookup(json: &Value, registry: &str) -> Result<Lookup, String> {
         return match name.as_str() {
             Some("") => from_auths(),
             Some(name) => from_helper(name, origin),
-            None => Err(format!("{origin} is not a string")),
+            None => Err(SettingError::HelperNotAString { origin }),
         };
     }
     // 2. credsStore: the default helper.
@@ -224,22 +295,22 @@ fn lookup(json: &Value, registry: &str) -> Result<Lookup, String> {
         None | Some(Value::Null) => {}
         Some(Value::String(name)) if name.is_empty() => {}
         Some(Value::String(name)) => return from_helper(name, "credsStore".to_owned()),
-        Some(_) => return Err("\"credsStore\" is not a string".into()),
+        Some(_) => return Err(SettingError::StoreNotAString),
     }
     // 3. auths.
     from_auths()
 }
 
 /// Credentials of one `auths` entry, in the order docker uses them.
-fn entry_credentials(entry: &Value) -> Result<Credentials, String> {
+fn entry_credentials(entry: &Value) -> Result<Credentials, EntryError> {
     if !entry.is_object() {
-        return Err("the entry is not an object".into());
+        return Err(EntryError::NotAnObject);
     }
-    let field = |name: &str| -> Result<&str, String> {
+    let field = |name: &'static str| -> Result<&str, EntryError> {
         match entry.get(name) {
             None | Some(Value::Null) => Ok(""),
             Some(Value::String(s)) => Ok(s),
-            Some(_) => Err(format!("{name:?} is not a string")),
+            Some(_) => Err(EntryError::NotAString(name)),
         }
     };
     let registry_token = field("registrytoken")?;
@@ -260,10 +331,8 @@ fn entry_credentials(entry: &Value) -> Result<Credentials, String> {
             .decode(auth)
             .ok()
             .and_then(|d| String::from_utf8(d).ok())
-            .ok_or_else(|| "\"auth\" is not base64 of user:password".to_owned())?;
-        let (username, password) = decoded
-            .split_once(':')
-            .ok_or_else(|| "\"auth\" is not base64 of user:password".to_owned())?;
+            .ok_or(EntryError::BadAuth)?;
+        let (username, password) = decoded.split_once(':').ok_or(EntryError::BadAuth)?;
         return Ok(Credentials::Basic {
             username: username.to_owned(),
             password: password.to_owned(),
@@ -303,7 +372,7 @@ mod tests {
     }
 
     /// The credentials [`lookup`] finds in the file itself (no helper).
-    fn creds(json: &Value, registry: &str) -> Result<Credentials, String> {
+    fn creds(json: &Value, registry: &str) -> Result<Credentials, SettingError> {
         match lookup(json, registry)? {
             Lookup::Found(c) => Ok(c),
             helper => panic!("{registry}: unexpected {helper:?}"),
@@ -398,7 +467,7 @@ mod tests {
             json!("s3cret"),
         ] {
             let config = json!({"auths": {"r.example": entry}});
-            let err = creds(&config, "r.example").unwrap_err();
+            let err = creds(&config, "r.example").unwrap_err().to_string();
             assert!(
                 err.contains("r.example") && !err.contains("s3cret"),
                 "{err}"
@@ -407,20 +476,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.json");
         std::fs::write(&path, r#"{"auths": {"r.example": {"auth": "s3cret"#).unwrap();
-        let err = credentials_from_file(&path, "r.example", &no_helpers()).unwrap_err();
+        let err = credentials_from_file(&path, "r.example", &no_helpers())
+            .unwrap_err()
+            .to_string();
         assert!(!err.contains("s3cret"), "{err}");
         std::fs::write(&path, r#"{"auths": {"r.example": {"auth": s3cret}}}"#).unwrap();
-        let err = credentials_from_file(&path, "r.example", &no_helpers()).unwrap_err();
+        let err = credentials_from_file(&path, "r.example", &no_helpers())
+            .unwrap_err()
+            .to_string();
         assert!(!err.contains("s3cret"), "{err}");
         // A missing or empty file is no credentials.
         std::fs::write(&path, "\n").unwrap();
         assert_eq!(
-            credentials_from_file(&path, "r.example", &no_helpers()),
-            Ok(Credentials::Anonymous)
+            credentials_from_file(&path, "r.example", &no_helpers()).unwrap(),
+            Credentials::Anonymous
         );
         assert_eq!(
-            credentials_from_file(&dir.path().join("none.json"), "r.example", &no_helpers()),
-            Ok(Credentials::Anonymous)
+            credentials_from_file(&dir.path().join("none.json"), "r.example", &no_helpers())
+                .unwrap(),
+            Credentials::Anonymous
         );
         std::fs::write(
             &path,
@@ -428,12 +502,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            credentials_from_file(&path, "r.example", &no_helpers()),
-            Ok(basic("u", "p"))
+            credentials_from_file(&path, "r.example", &no_helpers()).unwrap(),
+            basic("u", "p")
         );
     }
 
-    fn helper(name: &str, server: &str, origin: &str) -> Result<Lookup, String> {
+    fn helper(name: &str, server: &str, origin: &str) -> Result<Lookup, SettingError> {
         Ok(Lookup::Helper {
             helper: name.into(),
             server: server.into(),
@@ -540,19 +614,21 @@ echo '{"ServerURL":"r.example:5000","Username":"helper-user","Secret":"helper-s3
 
         write(json!({"auths": auths, "credHelpers": {"r.example:5000": "test"}}));
         assert_eq!(
-            credentials_from_file(&path, "r.example:5000", &helpers),
-            Ok(basic("helper-user", "helper-s3cret"))
+            credentials_from_file(&path, "r.example:5000", &helpers).unwrap(),
+            basic("helper-user", "helper-s3cret")
         );
         // A store without credentials for the registry: anonymous, as docker does, even
         // with credentials in auths.
         write(json!({"auths": auths, "credsStore": "empty"}));
         assert_eq!(
-            credentials_from_file(&path, "r.example:5000", &helpers),
-            Ok(Credentials::Anonymous)
+            credentials_from_file(&path, "r.example:5000", &helpers).unwrap(),
+            Credentials::Anonymous
         );
         // A missing helper is an error naming it and the setting.
         write(json!({"auths": auths, "credsStore": "gone"}));
-        let err = credentials_from_file(&path, "r.example:5000", &helpers).unwrap_err();
+        let err = credentials_from_file(&path, "r.example:5000", &helpers)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("docker-credential-gone")
                 && err.contains("credsStore")

@@ -51,6 +51,8 @@ pub enum RunError {
     #[error("{0}")]
     Image(#[from] fnrun_cache::Error),
     #[error("{0}")]
+    User(#[from] crate::user::UserError),
+    #[error("{0}")]
     Sandbox(#[from] fnrun_sandbox::Error),
     #[error("function exited with code {code}{}", stderr_suffix(.stderr))]
     FunctionFailed { code: i32, stderr: String },
@@ -105,6 +107,8 @@ impl RunError {
                 CacheKind::Unavailable => Class::Unavailable,
                 CacheKind::Corrupt | CacheKind::Internal => Class::Internal,
             },
+            RunError::User(e) if e.is_internal() => Class::Internal,
+            RunError::User(_) => Class::InvalidArgument,
             RunError::Sandbox(e) => match e {
                 SandboxError::InvalidSpec(_) | SandboxError::LimitUnavailable { .. } => {
                     Class::FailedPrecondition
@@ -132,6 +136,8 @@ impl RunError {
             | RunError::RegistryNotAllowed { .. } => "invalid_request",
             RunError::Overloaded { .. } => "rejected",
             RunError::Image(_) => "image_error",
+            RunError::User(e) if e.is_internal() => "image_error",
+            RunError::User(_) => "invalid_request",
             RunError::Sandbox(_) => "sandbox_error",
             RunError::FunctionFailed { .. } | RunError::FunctionKilled { .. } => "function_failed",
             RunError::TimedOut { .. } => "timeout",

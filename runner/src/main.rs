@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use fnrun_cache::{NoProgress, PullPolicy, PullProgress};
+use fnrun_cache::{GetOptions, PullPolicy};
 use fnrun_sandbox::Network;
 
 use crate::config::{Cli, Command, LogFormat, NetworkPolicyArg, PullPolicyArg, RunArgs};
@@ -184,20 +184,14 @@ fn pull(args: config::PullArgs) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
     for image in &args.images {
         let bars = terminal.then(|| Arc::new(progress::LayerBars::stderr()));
-        let observer: Arc<dyn PullProgress> = match &bars {
-            Some(bars) => bars.clone(),
-            None => Arc::new(NoProgress),
-        };
         let result = rt.block_on(async {
-            let creds = docker_config::credentials_for_image(runner.cache(), image)
-                .map_err(PullError::Config)?;
+            let creds = docker_config::credentials_for_image(runner.cache(), image)?;
             let reference = runner.cache().parse_reference(image)?;
-            Ok::<_, PullError>(
-                runner
-                    .cache()
-                    .get_with_progress(&reference, PullPolicy::Always, &creds, observer)
-                    .await?,
-            )
+            let mut options = GetOptions::new(PullPolicy::Always).credentials(creds);
+            if let Some(bars) = &bars {
+                options = options.progress(bars.clone());
+            }
+            Ok::<_, PullError>(runner.cache().get(&reference, options).await?.image)
         });
         // Every bar is finished or stopped before anything else is printed.
         if let Some(bars) = &bars {
@@ -217,8 +211,8 @@ fn pull(args: config::PullArgs) -> ExitCode {
 /// Why `fnrun pull` failed for one image.
 #[derive(Debug, thiserror::Error)]
 enum PullError {
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] docker_config::DockerConfigError),
     #[error(transparent)]
     Cache(#[from] fnrun_cache::Error),
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use fnrun_api::functionio;
-use fnrun_cache::{Cache, Credentials, ErrorKind, ImageRef, PullPolicy};
+use fnrun_cache::{Cache, Credentials, ErrorKind, GetOptions, Got, ImageRef, PullPolicy};
 use fnrun_sandbox::{IdMap, Limits, Network, RunSpec, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
@@ -255,12 +255,11 @@ impl Runner {
 
         let pull_start = Instant::now();
         // The lease keeps the image's layers from being pruned until the run ends.
-        let (image, _lease) = match self
-            .cache
-            .get_leased(&reference, req.pull_policy, &req.credentials)
-            .await
-        {
-            Ok((image, lease)) => {
+        let options = GetOptions::new(req.pull_policy)
+            .credentials(req.credentials.clone())
+            .leased();
+        let (image, _lease) = match self.cache.get(&reference, options).await {
+            Ok(Got { image, lease }) => {
                 if image.pulled {
                     self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
                     self.metrics.pulls_ok.fetch_add(1, Ordering::Relaxed);
@@ -279,8 +278,7 @@ impl Runner {
             }
         };
 
-        let exec_user = user::resolve(&image.config.user, &image.layers)
-            .map_err(|e| RunError::InvalidRequest(e.to_string()))?;
+        let exec_user = user::for_image(&image)?;
         let (uid, gid, groups) = match self.sandbox.config().id_map {
             IdMap::Range { .. } => (exec_user.uid, exec_user.gid, exec_user.groups),
             IdMap::Own { .. } => {

@@ -87,6 +87,8 @@ pub struct TestImage {
     tag: String,
     files: Vec<ImageFile>,
     dirs: Vec<(String, u32)>,
+    /// (path, target), made last: each replaces whatever is at its path.
+    symlinks: Vec<(String, String)>,
     entrypoint: Option<Vec<String>>,
     cmd: Option<Vec<String>>,
     env: Vec<String>,
@@ -104,6 +106,7 @@ impl TestImage {
             tag: "latest".to_owned(),
             files: Vec::new(),
             dirs: Vec::new(),
+            symlinks: Vec::new(),
             entrypoint: None,
             cmd: None,
             env: vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_owned()],
@@ -144,6 +147,14 @@ impl TestImage {
     /// Adds a directory (absolute path inside the image) with `mode`.
     pub fn dir(mut self, path: &str, mode: u32) -> Self {
         self.dirs.push((path.to_owned(), mode));
+        self
+    }
+
+    /// Adds a symlink (absolute path inside the image) to `target`, as given. It is
+    /// made after every file and directory and replaces whatever is at `path`, even
+    /// the image's own `/etc`.
+    pub fn symlink(mut self, path: &str, target: &str) -> Self {
+        self.symlinks.push((path.to_owned(), target.to_owned()));
         self
     }
 
@@ -324,6 +335,19 @@ impl TestImage {
                 fs::create_dir_all(parent)?;
             }
             write_mode(&path, &file.contents, file.mode)?;
+        }
+        for (path, target) in &self.symlinks {
+            let path = inside(rootfs, path);
+            match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => fs::remove_dir_all(&path)?,
+                Ok(_) => fs::remove_file(&path)?,
+                Err(_) => {}
+            }
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            symlink(target, &path)
+                .with_context(|| format!("cannot make the symlink {}", path.display()))?;
         }
         Ok(())
     }

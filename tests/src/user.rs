@@ -27,6 +27,20 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+/// The unprivileged test user for a rootless test, or `None` (after saying why
+/// `test` is skipped) when not run as root or when the kernel forbids
+/// unprivileged user namespaces.
+pub fn rootless_user(test: &str) -> Option<TestUser> {
+    if !require_root(test) {
+        return None;
+    }
+    if let Some(reason) = unprivileged_userns_blocked() {
+        eprintln!("SKIPPED {test}: unprivileged user namespaces are disabled ({reason})");
+        return None;
+    }
+    Some(ensure_test_user().expect("the test user exists"))
+}
+
 /// Whether an unprivileged process may create a user namespace here; if not,
 /// the reason (Debian's `kernel.unprivileged_userns_clone`, Ubuntu's AppArmor
 /// restriction, or `user.max_user_namespaces`).

@@ -13,19 +13,12 @@ use fnrun_tests::fixtures::FAIL_SCRIPT;
 use fnrun_tests::functionio::{SAMPLE, assert_same_yaml, last_message, report_script};
 use fnrun_tests::image::TestImage;
 use fnrun_tests::registry::Registry;
-use fnrun_tests::user::{TestUser, ensure_test_user, require_root, unprivileged_userns_blocked};
+use fnrun_tests::user::{TestUser, rootless_user};
 use tonic::Code;
 
 /// The test user, or None (after saying why) if the test must be skipped.
 fn test_user(test: &str) -> Option<TestUser> {
-    if !require_root(test) {
-        return None;
-    }
-    if let Some(reason) = unprivileged_userns_blocked() {
-        eprintln!("SKIPPED {test}: unprivileged user namespaces are disabled ({reason})");
-        return None;
-    }
-    Some(ensure_test_user().expect("the test user exists"))
+    rootless_user(test)
 }
 
 fn rootless_daemon(user: TestUser, listen: Listen) -> Daemon {

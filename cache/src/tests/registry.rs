@@ -60,7 +60,7 @@ async fn tls_registry_needs_the_ca_bundle() {
     let tmp = tempfile::tempdir().unwrap();
     let mut bad = CacheConfig::new(tmp.path().join("bad"));
     bad.ca_bundle = Some(b"not a certificate".to_vec());
-    let err = Cache::open(bad).unwrap_err();
+    let err = open_cache(bad).unwrap_err();
     assert!(err.to_string().contains("CA bundle"), "{err}");
 
     let (ca, cert, key) = test_pki();
@@ -76,7 +76,7 @@ async fn tls_registry_needs_the_ca_bundle() {
     let cache = cache_at(&tmp.path().join("no-bundle"));
     let r = cache.parse_reference(&reference).unwrap();
     let err = cache
-        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
         .await
         .unwrap_err();
     eprintln!("error: {err}");
@@ -91,11 +91,12 @@ async fn tls_registry_needs_the_ca_bundle() {
     let (other_ca, _, _) = test_pki();
     let mut config = CacheConfig::new(tmp.path().join("bundle"));
     config.ca_bundle = Some(format!("# private CAs\n{other_ca}\n{ca}").into_bytes());
-    let cache = Cache::open(config).unwrap();
+    let cache = open_cache(config).unwrap();
     let image = cache
-        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     check_image(&cache, &image, &t);
 }
 
@@ -159,13 +160,13 @@ async fn concurrent_first_pulls_fetch_each_blob_once() {
         let (cache, r) = (cache.clone(), r.clone());
         tasks.push(tokio::spawn(async move {
             cache
-                .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+                .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
                 .await
         }));
     }
     let mut images = Vec::new();
     for task in tasks {
-        images.push(task.await.unwrap().unwrap());
+        images.push(task.await.unwrap().unwrap().image);
     }
     check_image(&cache, &images[0], &t);
     for image in &images {
@@ -395,7 +396,7 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
         mode.store(lie as u8, Ordering::SeqCst);
         let (blobs_before, layers_before) = (entries(&blobs_dir), layer_dirs(&cache));
         let err = cache
-            .get(&r, PullPolicy::Always, &Credentials::Anonymous)
+            .get(&r, GetOptions::new(PullPolicy::Always))
             .await
             .unwrap_err();
         eprintln!("{lie:?}: {err}");
@@ -476,7 +477,7 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
     ] {
         mode.store(lie as u8, Ordering::SeqCst);
         fresh
-            .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+            .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
             .await
             .unwrap_err();
         assert!(
@@ -489,14 +490,16 @@ async fn lying_registry_is_refused_and_nothing_is_stored() {
     // An honest pull of the same image works afterwards.
     mode.store(Lie::Honest as u8, Ordering::SeqCst);
     let image = cache
-        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     check_image(&cache, &image, &t);
     let image = fresh
-        .get(&r, PullPolicy::IfNotPresent, &Credentials::Anonymous)
+        .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     check_image(&fresh, &image, &t);
 }
 
@@ -566,7 +569,13 @@ async fn credentials_never_appear_in_logs_or_errors() {
         let r = cache
             .parse_reference(&format!("{}/private/fn:{tag}", reg.addr))
             .unwrap();
-        let err = cache.get(&r, PullPolicy::Always, creds).await.unwrap_err();
+        let err = cache
+            .get(
+                &r,
+                GetOptions::new(PullPolicy::Always).credentials(creds.clone()),
+            )
+            .await
+            .unwrap_err();
         errors.push(format!("{err} {err:?} {creds:?}"));
     }
     drop(_guard);
@@ -658,7 +667,6 @@ async fn pull_progress_reports_every_layer_to_its_end() {
     layer_digests.sort();
     let honest = Arc::new(AtomicU8::new(Lie::Honest as u8));
     let addr = lying_registry(manifest, blobs, String::new(), honest).await;
-    let anon = Credentials::Anonymous;
 
     // A first pull downloads and unpacks every layer, byte by byte; the config and the
     // manifest are not reported.
@@ -666,9 +674,13 @@ async fn pull_progress_reports_every_layer_to_its_end() {
     let v1 = cache.parse_reference(&format!("{addr}/lie/fn:v1")).unwrap();
     let rec = Arc::new(Recorder::default());
     let image = cache
-        .get_with_progress(&v1, PullPolicy::IfNotPresent, &anon, rec.clone())
+        .get(
+            &v1,
+            GetOptions::new(PullPolicy::IfNotPresent).progress(rec.clone()),
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .image;
     assert!(image.pulled);
     assert_eq!(rec.digests(), layer_digests);
     for (digest, size) in &layers {
@@ -696,7 +708,10 @@ async fn pull_progress_reports_every_layer_to_its_end() {
     // Pulled again: every layer is there already.
     let rec = Arc::new(Recorder::default());
     cache
-        .get_with_progress(&v1, PullPolicy::Always, &anon, rec.clone())
+        .get(
+            &v1,
+            GetOptions::new(PullPolicy::Always).progress(rec.clone()),
+        )
         .await
         .unwrap();
     for (digest, size) in &layers {
@@ -705,7 +720,10 @@ async fn pull_progress_reports_every_layer_to_its_end() {
     // From the local index: nothing is pulled, nothing reported.
     let rec = Arc::new(Recorder::default());
     cache
-        .get_with_progress(&v1, PullPolicy::IfNotPresent, &anon, rec.clone())
+        .get(
+            &v1,
+            GetOptions::new(PullPolicy::IfNotPresent).progress(rec.clone()),
+        )
         .await
         .unwrap();
     assert!(rec.digests().is_empty());
@@ -723,11 +741,9 @@ async fn pull_progress_reports_every_layer_to_its_end() {
         let progress = rec.clone();
         tasks.push(tokio::spawn(async move {
             fresh
-                .get_with_progress(
+                .get(
                     &r,
-                    PullPolicy::IfNotPresent,
-                    &Credentials::Anonymous,
-                    progress,
+                    GetOptions::new(PullPolicy::IfNotPresent).progress(progress),
                 )
                 .await
                 .map(|_| rec)

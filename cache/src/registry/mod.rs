@@ -10,9 +10,13 @@
 //! plain HTTP: it is probed once (`GET /v2/` in plain HTTP) and used over plain HTTP if it
 //! answers plain HTTP, over HTTPS otherwise (a TLS server answers with a TLS alert, a close
 //! or `400`), so a loopback registry with TLS is verified like any other.
+//!
+//! `error` maps failures to [`RegistryError`]; `protocol` chooses HTTPS or plain HTTP.
+
+mod error;
+mod protocol;
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -22,96 +26,22 @@ use futures::StreamExt;
 use oci_client::client::{
     BlobResponse, Certificate, CertificateEncoding, ClientConfig, ClientProtocol,
 };
-use oci_client::errors::{OciDistributionError, OciEnvelope, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
-use crate::Credentials;
-use crate::digest::{Digest, Hasher, truncate};
+pub use self::error::{CaBundleError, RegistryError};
+use self::error::{chain, map_error, response_error};
+pub(crate) use self::protocol::plain_http_allowed;
+use self::protocol::{answers_plain_http, parse_ca_bundle};
+use crate::config::Credentials;
+use crate::digest::{Digest, Hasher};
 use crate::manifest::{ACCEPTED_MANIFESTS, Descriptor, MAX_METADATA_BYTES};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bound on cached clients (one per registry and credentials).
 const MAX_CLIENTS: usize = 64;
-/// Time a plain-HTTP probe of a loopback or insecure registry may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A registry request that failed. Messages never include credentials.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    #[error("{reference}: {what} not found in the registry ({detail})")]
-    NotFound {
-        reference: String,
-        what: &'static str,
-        detail: String,
-    },
-    #[error(
-        "{reference}: the registry refused access; the credentials are missing or wrong, or the repository does not exist ({detail})"
-    )]
-    Unauthorized { reference: String, detail: String },
-    #[error("{reference}: registry {registry} is unavailable: {detail}")]
-    Unavailable {
-        reference: String,
-        registry: String,
-        detail: String,
-    },
-    #[error("{reference}: the registry sent an invalid {what}: {detail}")]
-    Invalid {
-        reference: String,
-        what: &'static str,
-        detail: String,
-    },
-    #[error(
-        "{reference}: {what} digest mismatch: expected {expected}, got {actual}; nothing was stored"
-    )]
-    DigestMismatch {
-        reference: String,
-        what: &'static str,
-        expected: String,
-        actual: String,
-    },
-    #[error("{reference}: {what} {digest} is larger than {limit} bytes")]
-    TooLarge {
-        reference: String,
-        what: &'static str,
-        digest: String,
-        limit: u64,
-    },
-    #[error("{reference}: {what} {digest} is {actual} bytes but its descriptor says {expected}")]
-    SizeMismatch {
-        reference: String,
-        what: &'static str,
-        digest: String,
-        expected: u64,
-        actual: u64,
-    },
-    #[error("invalid CA bundle: {0}")]
-    CaBundle(String),
-    #[error("failed to {op} {path}: {err}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        err: std::io::Error,
-    },
-}
-
-impl RegistryError {
-    pub(crate) fn kind(&self) -> crate::ErrorKind {
-        use crate::ErrorKind as K;
-        match self {
-            RegistryError::NotFound { .. } => K::NotFound,
-            RegistryError::Unauthorized { .. } => K::Unauthorized,
-            RegistryError::Unavailable { .. } => K::Unavailable,
-            RegistryError::Io { .. } | RegistryError::CaBundle(_) => K::Internal,
-            RegistryError::Invalid { .. }
-            | RegistryError::DigestMismatch { .. }
-            | RegistryError::TooLarge { .. }
-            | RegistryError::SizeMismatch { .. } => K::Corrupt,
-        }
-    }
-}
 
 /// A repository in a registry plus the normalized reference used in messages.
 #[derive(Debug, Clone)]
@@ -119,35 +49,6 @@ pub(crate) struct Repo {
     pub registry: String,
     pub repository: String,
     pub reference: String,
-}
-
-/// Whether `registry` (`host[:port]`) may be spoken to over plain HTTP.
-pub(crate) fn plain_http_allowed(registry: &str, insecure: &[String]) -> bool {
-    let host = match registry.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => registry.split(':').next().unwrap_or(""),
-    };
-    let loopback = host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    loopback
-        || insecure
-            .iter()
-            .any(|i| i.eq_ignore_ascii_case(registry) || i.eq_ignore_ascii_case(host))
-}
-
-/// Renders an error with its sources, shortened.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        let m = src.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = src.source();
-    }
-    truncate(&s)
 }
 
 /// The oci-client authentication for `creds`, and the secret that keys its client.
@@ -175,74 +76,6 @@ pub(crate) fn registry_auth(
     })
 }
 
-/// The PEM certificates of a CA bundle, each checked; at least one.
-pub(crate) fn parse_ca_bundle(pem: &[u8]) -> Result<Vec<Vec<u8>>, RegistryError> {
-    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-    const END: &str = "-----END CERTIFICATE-----";
-    let text = std::str::from_utf8(pem)
-        .map_err(|_| RegistryError::CaBundle("the file is not PEM text".into()))?;
-    let mut certs = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(BEGIN) {
-        let Some(len) = rest[start..].find(END) else {
-            return Err(RegistryError::CaBundle(
-                "a certificate has no END line".into(),
-            ));
-        };
-        let block = &rest[start..start + len + END.len()];
-        reqwest::Certificate::from_pem(block.as_bytes()).map_err(|e| {
-            RegistryError::CaBundle(format!("certificate {} is invalid: {e}", certs.len() + 1))
-        })?;
-        certs.push(format!("{block}\n").into_bytes());
-        rest = &rest[start + len + END.len()..];
-    }
-    if certs.is_empty() {
-        return Err(RegistryError::CaBundle(
-            "no PEM certificate (BEGIN CERTIFICATE) found".into(),
-        ));
-    }
-    Ok(certs)
-}
-
-/// Whether a registry answers plain HTTP: `GET /v2/` over TCP and a status line other than
-/// `400` (TLS servers answer plain requests with an alert, a close or `400`). `None` if it
-/// cannot be reached (nothing is decided then).
-async fn answers_plain_http(registry: &str) -> Option<bool> {
-    let has_port = match registry.rfind(']') {
-        Some(i) => registry[i..].contains(':'),
-        None => registry.contains(':'),
-    };
-    let addr = match has_port {
-        true => registry.to_owned(),
-        false => format!("{registry}:80"),
-    };
-    let probe = async {
-        let mut conn = tokio::net::TcpStream::connect(&addr).await.ok()?;
-        let request = format!("GET /v2/ HTTP/1.1\r\nHost: {registry}\r\nConnection: close\r\n\r\n");
-        if conn.write_all(request.as_bytes()).await.is_err() {
-            return Some(false);
-        }
-        let mut head = [0u8; 12];
-        let mut n = 0;
-        while n < head.len() {
-            match conn.read(&mut head[n..]).await {
-                Ok(0) | Err(_) => break,
-                Ok(k) => n += k,
-            }
-        }
-        let head = &head[..n];
-        Some(
-            head.len() >= 12
-                && head.starts_with(b"HTTP/1.")
-                && head[9].is_ascii_digit()
-                && &head[9..12] != b"400",
-        )
-    };
-    tokio::time::timeout(PROBE_TIMEOUT, probe)
-        .await
-        .unwrap_or(Some(false))
-}
-
 /// Clients per (registry, credentials).
 pub(crate) struct Registries {
     clients: Mutex<HashMap<String, Client>>,
@@ -261,8 +94,11 @@ impl Registries {
         insecure: Vec<String>,
         ca_bundle: Option<&[u8]>,
     ) -> Result<Registries, RegistryError> {
-        // The only rustls provider linked; a no-op if one is installed already.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // reqwest (here and in oci-client) panics when it builds a TLS client
+        // without one: refuse here, where it can be said clearly.
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            return Err(RegistryError::NoCryptoProvider);
+        }
         Ok(Registries {
             clients: Mutex::new(HashMap::new()),
             insecure,
@@ -669,161 +505,14 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// The error oci-client makes of a response with `status` other than 200 and `body`,
-/// for [`map_error`].
-fn response_error(status: reqwest::StatusCode, body: &[u8], url: &str) -> OciDistributionError {
-    let url = url.to_owned();
-    match status {
-        reqwest::StatusCode::UNAUTHORIZED => OciDistributionError::UnauthorizedError { url },
-        s if s.is_success() => {
-            OciDistributionError::SpecViolationError(format!("expected HTTP status 200, got {s}"))
-        }
-        s => match serde_json::from_slice::<OciEnvelope>(body) {
-            Ok(envelope) if s.is_client_error() => {
-                OciDistributionError::RegistryError { envelope, url }
-            }
-            _ => OciDistributionError::ServerError {
-                code: s.as_u16(),
-                url,
-                message: String::from_utf8_lossy(body).into_owned(),
-            },
-        },
-    }
-}
-
-fn map_error(e: OciDistributionError, repo: &Repo, what: &'static str) -> RegistryError {
-    let reference = repo.reference.clone();
-    let unavailable = |detail: String| RegistryError::Unavailable {
-        reference: repo.reference.clone(),
-        registry: repo.registry.clone(),
-        detail,
-    };
-    match e {
-        OciDistributionError::UnauthorizedError { .. } => RegistryError::Unauthorized {
-            reference,
-            detail: "HTTP 401".into(),
-        },
-        OciDistributionError::AuthenticationFailure(reason) => RegistryError::Unauthorized {
-            reference,
-            detail: format!("token request refused: {}", truncate(reason.trim())),
-        },
-        OciDistributionError::RegistryError { envelope, .. } => {
-            let detail = truncate(
-                &envelope
-                    .errors
-                    .iter()
-                    .map(|e| format!("{:?}: {}", e.code, e.message))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            );
-            let has = |f: fn(&OciErrorCode) -> bool| envelope.errors.iter().any(|e| f(&e.code));
-            if has(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied)) {
-                RegistryError::Unauthorized { reference, detail }
-            } else if has(|c| {
-                matches!(
-                    c,
-                    OciErrorCode::ManifestUnknown
-                        | OciErrorCode::NameUnknown
-                        | OciErrorCode::BlobUnknown
-                        | OciErrorCode::NotFound
-                        | OciErrorCode::NameInvalid
-                        | OciErrorCode::TagInvalid
-                )
-            }) {
-                RegistryError::NotFound {
-                    reference,
-                    what,
-                    detail,
-                }
-            } else if has(|c| {
-                matches!(
-                    c,
-                    OciErrorCode::ManifestInvalid | OciErrorCode::DigestInvalid
-                )
-            }) {
-                RegistryError::Invalid {
-                    reference,
-                    what,
-                    detail,
-                }
-            } else {
-                unavailable(detail)
-            }
-        }
-        OciDistributionError::ServerError { code, message, .. } => {
-            let detail = format!("HTTP {code}: {}", truncate(message.trim()));
-            match code {
-                404 => RegistryError::NotFound {
-                    reference,
-                    what,
-                    detail,
-                },
-                401 | 403 => RegistryError::Unauthorized { reference, detail },
-                _ => unavailable(detail),
-            }
-        }
-        OciDistributionError::ImageManifestNotFoundError(m) => RegistryError::NotFound {
-            reference,
-            what,
-            detail: truncate(&m),
-        },
-        OciDistributionError::DigestError(d) => RegistryError::Invalid {
-            reference,
-            what,
-            detail: format!("digest verification failed: {}", chain(&d)),
-        },
-        e @ (OciDistributionError::ManifestParsingError(_)
-        | OciDistributionError::VersionedParsingError(_)
-        | OciDistributionError::UnsupportedMediaTypeError(_)
-        | OciDistributionError::UnsupportedSchemaVersionError(_)
-        | OciDistributionError::SpecViolationError(_)
-        | OciDistributionError::ManifestEncodingError(_)
-        | OciDistributionError::JsonError(_)) => RegistryError::Invalid {
-            reference,
-            what,
-            detail: chain(&e),
-        },
-        e => unavailable(chain(&e)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn plain_http_only_for_loopback_and_insecure() {
-        let insecure = vec![
-            "registry.internal:5000".to_owned(),
-            "plain.example".to_owned(),
-        ];
-        for r in [
-            "localhost",
-            "localhost:5000",
-            "127.0.0.1:5000",
-            "127.1.2.3",
-            "[::1]:5000",
-            "[::1]",
-        ] {
-            assert!(plain_http_allowed(r, &[]), "{r}");
-        }
-        for r in [
-            "index.docker.io",
-            "example.com:5000",
-            "10.0.0.1:5000",
-            "localhost.example.com",
-            "[2001:db8::1]:5000",
-        ] {
-            assert!(!plain_http_allowed(r, &insecure), "{r}");
-        }
-        assert!(plain_http_allowed("registry.internal:5000", &insecure));
-        assert!(!plain_http_allowed("registry.internal:5001", &insecure));
-        assert!(plain_http_allowed("plain.example:443", &insecure));
-    }
-
     #[tokio::test]
     async fn unreachable_registry_is_unavailable() {
         // Nothing listens on port 1 of loopback.
+        crate::install_test_crypto_provider();
         let regs = Registries::new(Vec::new(), None).unwrap();
         let repo = Repo {
             registry: "127.0.0.1:1".into(),
@@ -981,6 +670,7 @@ mod tests {
     #[tokio::test]
     async fn identity_and_registry_tokens() {
         let (addr, task) = token_registry().await;
+        crate::install_test_crypto_provider();
         let regs = Registries::new(Vec::new(), None).unwrap();
         let repo = Repo {
             registry: addr.clone(),

@@ -12,14 +12,22 @@
 //! either nothing or a complete entry. Each process holds an flock on its own session
 //! directory; at open, session directories whose lock is free (their process died) are
 //! removed, so several processes can share one cache root.
+//!
+//! [`Store`]'s `impl` is split by concern across this module: this file reads and
+//! writes blobs, layers and references; [`lease`] marks images in use; [`gc`] lists,
+//! prunes and verifies.
 
-use std::collections::HashMap;
+mod gc;
+mod lease;
+
+pub use self::gc::{CachedImage, PruneReport, VerifyReport};
+pub use self::lease::Lease;
+
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, RenameFlags, renameat2};
@@ -52,18 +60,19 @@ pub enum StoreError {
     },
     #[error("stored blob {digest} at {path} does not match its digest; it was removed")]
     CorruptBlob { digest: String, path: PathBuf },
-    #[error("invalid layer owner: {0}")]
-    InvalidOwner(String),
 }
 
 impl StoreError {
     pub(crate) fn kind(&self) -> crate::ErrorKind {
         match self {
-            StoreError::Io { .. } | StoreError::InvalidOwner(_) => crate::ErrorKind::Internal,
+            StoreError::Io { .. } => crate::ErrorKind::Internal,
             _ => crate::ErrorKind::Corrupt,
         }
     }
 }
+
+/// A reference's last use is recorded at most this often (seconds).
+pub(crate) const TOUCH_INTERVAL: u64 = 60;
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
     let path = path.to_owned();
@@ -489,31 +498,6 @@ fn sweep(tmp: &Path, keep: &Path) -> Result<usize, StoreError> {
     Ok(removed)
 }
 
-/// Per-key async locks, so one task fetches or unpacks a given blob or layer while the
-/// others wait and then find it present.
-#[derive(Default, Debug)]
-pub(crate) struct KeyedLocks {
-    map: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
-}
-
-impl KeyedLocks {
-    pub(crate) async fn lock(&self, key: String) -> tokio::sync::OwnedMutexGuard<()> {
-        let mutex = {
-            let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-            map.retain(|_, w| w.strong_count() > 0);
-            match map.get(&key).and_then(Weak::upgrade) {
-                Some(m) => m,
-                None => {
-                    let m = Arc::new(tokio::sync::Mutex::new(()));
-                    map.insert(key, Arc::downgrade(&m));
-                    m
-                }
-            }
-        };
-        mutex.lock_owned().await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -587,25 +571,5 @@ mod tests {
         drop(second);
         let _third = Store::open(&root, "id").unwrap();
         assert!(!live.exists());
-    }
-
-    #[tokio::test]
-    async fn keyed_locks_serialize_one_key() {
-        let locks = Arc::new(KeyedLocks::default());
-        let g = locks.lock("a".into()).await;
-        let l2 = locks.clone();
-        let other = tokio::spawn(async move { l2.lock("b".into()).await });
-        other.await.unwrap();
-        let l3 = locks.clone();
-        let mut same = tokio::spawn(async move {
-            let _g = l3.lock("a".into()).await;
-        });
-        assert!(
-            tokio::time::timeout(std::time::Duration::from_millis(50), &mut same)
-                .await
-                .is_err()
-        );
-        drop(g);
-        same.await.unwrap();
     }
 }

@@ -1,5 +1,5 @@
-//! Cache management: last use of references, leases on images in use, listing,
-//! pruning to a size and verifying (and repairing) the store.
+//! Store management: listing what is cached, pruning to a size and verifying (and
+//! repairing) the store.
 //!
 //! ```text
 //! refs/<sha256 of the reference>   {"reference", "digest", "last_used"}
@@ -8,58 +8,24 @@
 //!                                  while pruning or verifying
 //! ```
 //!
-//! A lease is a file under `leases/` that its holders keep `flock(LOCK_SH)`-ed. A pruner
-//! tries `LOCK_EX|LOCK_NB` on every lease file: a lease it cannot lock is in use (and
-//! everything it names is kept); one it can lock is stale and removed. Leases therefore
-//! hold across processes (a CLI `prune` never removes what a daemon is running) and
-//! vanish with their process. A lease is taken while the shared GC lock is still held,
-//! so no prune can run between materializing an image and leasing it.
+//! What is in use is what a held lease ([`super::lease`]) names; a lease file nobody
+//! holds is stale and removed here.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg, RenameFlags, renameat2};
-use serde::{Deserialize, Serialize};
+use nix::fcntl::FlockArg;
 
+use super::lease::LeaseFile;
+use super::{RefFile, Store, StoreError, fsync_dir, io_err, lock};
 use crate::digest::{Digest, Hasher};
 use crate::manifest::{self, MAX_METADATA_BYTES, Manifest};
-use crate::store::{RefFile, Store, StoreError, fsync_dir, lock, write_new};
 use crate::unpack::{LayerStats, remove_tree};
-use crate::{Cache, Error, Image, blocking};
 
-/// A reference's last use is recorded at most this often (seconds).
-pub(crate) const TOUCH_INTERVAL: u64 = 60;
-
-/// Marks an image's manifest, config, blobs and unpacked layers in use until dropped:
-/// no prune (in this or another process) removes them meanwhile.
-#[derive(Debug)]
-pub struct Lease {
-    lock: Flock<File>,
-    path: PathBuf,
-}
-
-impl Drop for Lease {
-    /// The last holder removes the lease file, the way a pruner removes a stale
-    /// one: only under an exclusive lock, so a holder that opened the file
-    /// meanwhile sees its inode gone after locking and starts a new one. Lease
-    /// files therefore do not pile up, one per image ever run.
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: flock(2) on a descriptor this lease owns; no memory is involved.
-        let last =
-            unsafe { libc::flock(self.lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-        if last {
-            let _ = fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// One cached reference, as listed by [`Cache::list`].
+/// One cached reference, as listed by [`crate::Cache::list`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CachedImage {
     /// Normalized reference.
@@ -74,7 +40,7 @@ pub struct CachedImage {
     pub in_use: bool,
 }
 
-/// What [`Cache::prune`] did.
+/// What [`crate::Cache::prune`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PruneReport {
     /// References removed, least recently used first.
@@ -91,7 +57,7 @@ pub struct PruneReport {
     pub kept_in_use: Vec<String>,
 }
 
-/// What [`Cache::verify`] found and repaired.
+/// What [`crate::Cache::verify`] found and repaired.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VerifyReport {
     /// Blobs rehashed.
@@ -133,22 +99,10 @@ enum Item {
     Layer(String, String),
 }
 
-#[derive(Serialize, Deserialize)]
-struct LeaseFile {
-    digest: String,
-    /// `<owner-tag>/<diff-id hex>`.
-    layers: Vec<String>,
-}
-
 fn is_hex64(s: &str) -> bool {
     s.len() == 64
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
-fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
-    let path = path.to_owned();
-    move |err| StoreError::Io { op, path, err }
 }
 
 /// The names in a directory (empty if it is missing).
@@ -342,63 +296,7 @@ impl Store {
         }
     }
 
-    /// Takes a lease on `image` (see the module docs).
-    pub(crate) fn lease_image(&self, image: &Image) -> Result<Lease, StoreError> {
-        let layers: Vec<String> = image
-            .layers
-            .iter()
-            .filter_map(|p| {
-                let hex = p.file_name()?.to_str()?;
-                let tag = p.parent()?.parent()?.file_name()?.to_str()?;
-                Some(format!("{tag}/{hex}"))
-            })
-            .collect();
-        let json = serde_json::to_vec(&LeaseFile {
-            digest: image.digest.clone(),
-            layers,
-        })
-        .unwrap_or_default();
-        let path = self.leases.join(Digest::of(&json).hex());
-        for _ in 0..100 {
-            if fs::symlink_metadata(&path).is_err() {
-                let tmp = self.tmp_path("lease");
-                // Not synced: a lease means something only while its holder lives,
-                // and after a crash nobody holds it, whatever it contains.
-                write_new(&tmp, &json)?;
-                let cwd = nix::fcntl::AT_FDCWD;
-                match renameat2(cwd, &tmp, cwd, &path, RenameFlags::RENAME_NOREPLACE) {
-                    Ok(()) => {}
-                    Err(Errno::EEXIST) => {
-                        let _ = fs::remove_file(&tmp);
-                    }
-                    Err(e) => return Err(io_err("store lease", &path)(e.into())),
-                }
-            }
-            let file = match File::open(&path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_err("open", &path)(e)),
-            };
-            let held = lock(file, FlockArg::LockShared, &path)?
-                .ok_or_else(|| io_err("lock", &path)(io::ErrorKind::WouldBlock.into()))?;
-            // A pruner may have removed the file between our open and lock.
-            let ours = held.metadata().map_err(io_err("inspect", &path))?;
-            match fs::metadata(&path) {
-                Ok(now) if now.ino() == ours.ino() && now.dev() == ours.dev() => {
-                    return Ok(Lease {
-                        lock: held,
-                        path: path.clone(),
-                    });
-                }
-                _ => continue,
-            }
-        }
-        Err(io_err("lease", &path)(io::Error::other(
-            "the lease file keeps disappearing",
-        )))
-    }
-
-    fn list(&self) -> Vec<CachedImage> {
+    pub(crate) fn list(&self) -> Vec<CachedImage> {
         let tags = self.owner_tags();
         let sizes = self.sizes(&tags);
         let (_, leased, _) = self.held_leases(&tags);
@@ -425,8 +323,8 @@ impl Store {
         out
     }
 
-    /// See [`Cache::prune`]; `None`: only remove what no reference or lease uses.
-    fn prune(&self, max_bytes: Option<u64>) -> Result<PruneReport, StoreError> {
+    /// See [`crate::Cache::prune`]; `None`: only remove what no reference or lease uses.
+    pub(crate) fn prune(&self, max_bytes: Option<u64>) -> Result<PruneReport, StoreError> {
         let tags = self.owner_tags();
         let sizes = self.sizes(&tags);
         let (leased_items, leased, _) = self.held_leases(&tags);
@@ -537,7 +435,7 @@ impl Store {
         Ok(report)
     }
 
-    fn verify(&self) -> Result<VerifyReport, StoreError> {
+    pub(crate) fn verify(&self) -> Result<VerifyReport, StoreError> {
         let mut report = VerifyReport::default();
         let tags = self.owner_tags();
 
@@ -635,58 +533,12 @@ fn hash_file(path: &Path) -> io::Result<Digest> {
     }
 }
 
-impl Cache {
-    /// Marks `image` in use until the lease is dropped. Prefer [`Cache::get_leased`],
-    /// which takes the lease before any prune can run.
-    pub fn lease(&self, image: &Image) -> Result<Lease, Error> {
-        Ok(self.inner.store.lease_image(image)?)
-    }
-
-    /// Every cached reference with its size and last use, sorted by reference.
-    pub async fn list(&self) -> Result<Vec<CachedImage>, Error> {
-        let inner = self.inner.clone();
-        blocking(move || Ok(inner.store.list())).await
-    }
-
-    /// Removes what no reference or lease uses, then the least recently used references
-    /// (and what only they use) until the cache holds at most `max_bytes`. Never removes
-    /// what a lease holds. Does nothing if the cache is already within `max_bytes`.
-    pub async fn prune(&self, max_bytes: u64) -> Result<PruneReport, Error> {
-        self.prune_inner(Some(max_bytes)).await
-    }
-
-    /// Removes every blob and layer that no reference or lease uses.
-    pub async fn prune_unused(&self) -> Result<PruneReport, Error> {
-        self.prune_inner(None).await
-    }
-
-    async fn prune_inner(&self, max_bytes: Option<u64>) -> Result<PruneReport, Error> {
-        let inner = self.inner.clone();
-        blocking(move || {
-            let _gc = inner.store.gc_lock(true)?;
-            Ok(inner.store.prune(max_bytes)?)
-        })
-        .await
-    }
-
-    /// Rehashes every blob and checks every unpacked layer and reference, removing what
-    /// is damaged (so that it is fetched or unpacked again), and sweeps tmp/.
-    pub async fn verify(&self) -> Result<VerifyReport, Error> {
-        let inner = self.inner.clone();
-        blocking(move || {
-            let _gc = inner.store.gc_lock(true)?;
-            Ok(inner.store.verify()?)
-        })
-        .await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::manifest::{OCI_CONFIG, OCI_MANIFEST, host_arch};
-    use crate::unpack::tests::{Member, TarBuilder, gzip};
-    use crate::{CacheConfig, Credentials, PullPolicy};
+    use crate::unpack::testutil::{Member, TarBuilder, gzip};
+    use crate::{Cache, CacheConfig, Error, GetOptions, Image, PullPolicy};
 
     const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
@@ -753,11 +605,13 @@ mod tests {
     async fn get(cache: &Cache, reference: &str) -> Result<Image, Error> {
         let r = cache.parse_reference(reference).unwrap();
         cache
-            .get(&r, PullPolicy::Never, &Credentials::Anonymous)
+            .get(&r, GetOptions::new(PullPolicy::Never))
             .await
+            .map(|got| got.image)
     }
 
     fn open(root: &Path) -> Cache {
+        crate::install_test_crypto_provider();
         Cache::open(CacheConfig::new(root)).unwrap()
     }
 
@@ -816,10 +670,11 @@ mod tests {
         // b is in use: prune to 0 takes c and keeps b and everything it uses.
         let (image_b, lease) = {
             let r = cache.parse_reference("r.test/b:1").unwrap();
-            cache
-                .get_leased(&r, PullPolicy::Never, &Credentials::Anonymous)
+            let got = cache
+                .get(&r, GetOptions::new(PullPolicy::Never).leased())
                 .await
-                .unwrap()
+                .unwrap();
+            (got.image, got.lease.expect("a lease"))
         };
         // Another process (a second Cache on the same root) honours the lease too.
         let other = open(&tmp.path().join("cache"));
@@ -856,15 +711,9 @@ mod tests {
         let cache = open(&tmp.path().join("cache"));
         store_image(&cache, "r.test/a:1", &[&layer("base", 10_000)], 1);
         let r = cache.parse_reference("r.test/a:1").unwrap();
-        let anon = Credentials::Anonymous;
-        let (_, first) = cache
-            .get_leased(&r, PullPolicy::Never, &anon)
-            .await
-            .unwrap();
-        let (_, second) = cache
-            .get_leased(&r, PullPolicy::Never, &anon)
-            .await
-            .unwrap();
+        let leased = || GetOptions::new(PullPolicy::Never).leased();
+        let first = cache.get(&r, leased()).await.unwrap().lease.unwrap();
+        let second = cache.get(&r, leased()).await.unwrap().lease.unwrap();
         let leases = &cache.inner.store.leases;
         assert_eq!(names(leases).len(), 1, "both runs share one lease file");
         drop(first);
@@ -876,10 +725,7 @@ mod tests {
             "runs must not leave lease files behind"
         );
         // And a new run leases it again.
-        let (_, third) = cache
-            .get_leased(&r, PullPolicy::Never, &anon)
-            .await
-            .unwrap();
+        let third = cache.get(&r, leased()).await.unwrap().lease.unwrap();
         assert!(cache.list().await.unwrap()[0].in_use);
         drop(third);
     }

@@ -1,0 +1,235 @@
+//! The cache's API: [`Cache::open`], [`Cache::get`] with its [`GetOptions`], and the
+//! management calls (list, prune, verify). The work is done by the pull orchestrator
+//! ([`crate::pull`]) and the store ([`crate::store`]).
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::{CacheConfig, Credentials, PullPolicy};
+use crate::error::Error;
+use crate::image::Image;
+use crate::progress::{NoProgress, PullProgress};
+use crate::pull::{Puller, blocking};
+use crate::reference::ImageRef;
+use crate::registry::Registries;
+use crate::store::{CachedImage, Lease, PruneReport, Store, VerifyReport};
+
+/// How [`Cache::get`] gets an image. The default: policy `IfNotPresent`, anonymous,
+/// nobody watching, no lease.
+#[derive(Clone, Default)]
+pub struct GetOptions {
+    /// When to contact the registry.
+    pub policy: PullPolicy,
+    /// Registry credentials (unused for `oci:` and `oci-archive:` images).
+    pub credentials: Credentials,
+    /// Told of each layer's download and unpacking, e.g. to draw progress bars.
+    pub progress: Option<Arc<dyn PullProgress>>,
+    /// Lease the image (see [`Lease`]) before any prune can remove it: for an image
+    /// about to be run. The lease is in [`Got::lease`].
+    pub lease: bool,
+}
+
+impl GetOptions {
+    /// The defaults with `policy`.
+    pub fn new(policy: PullPolicy) -> GetOptions {
+        GetOptions {
+            policy,
+            ..GetOptions::default()
+        }
+    }
+
+    /// With registry `credentials`.
+    pub fn credentials(mut self, credentials: Credentials) -> GetOptions {
+        self.credentials = credentials;
+        self
+    }
+
+    /// With `progress` told of each layer.
+    pub fn progress(mut self, progress: Arc<dyn PullProgress>) -> GetOptions {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// With a lease on the image.
+    pub fn leased(mut self) -> GetOptions {
+        self.lease = true;
+        self
+    }
+}
+
+impl fmt::Debug for GetOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GetOptions")
+            .field("policy", &self.policy)
+            .field("credentials", &self.credentials)
+            .field("progress", &self.progress.as_ref().map(|_| "PullProgress"))
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+/// What [`Cache::get`] returns: the image, and its lease if one was asked for.
+#[derive(Debug)]
+pub struct Got {
+    /// The image.
+    pub image: Image,
+    /// Held until dropped: keep it while the image is in use
+    /// ([`GetOptions::lease`]; `None` otherwise).
+    pub lease: Option<Lease>,
+}
+
+/// The image cache. `Send + Sync`; share it in an `Arc`.
+pub struct Cache {
+    pub(crate) inner: Arc<Puller>,
+}
+
+impl fmt::Debug for Cache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache")
+            .field("root", &self.inner.store.root())
+            .field("owner", &self.inner.config.owner)
+            .finish()
+    }
+}
+
+impl Cache {
+    /// Opens the cache at `config.root`, creating its layout and removing tmp/ leftovers
+    /// of processes that are gone.
+    ///
+    /// Registries are spoken to with rustls, built without a crypto provider of its
+    /// own: the program must install the process's default provider first (the `fnrun`
+    /// binary installs ring in `main`). Without one this fails with
+    /// [`crate::RegistryError::NoCryptoProvider`].
+    pub fn open(config: CacheConfig) -> Result<Cache, Error> {
+        config.owner.validate()?;
+        let owner_tag = config.owner.tag();
+        let store = Store::open(&config.root, &owner_tag)?;
+        let registries = Registries::new(
+            config.insecure_registries.clone(),
+            config.ca_bundle.as_deref(),
+        )?;
+        Ok(Cache {
+            inner: Arc::new(Puller::new(store, config, owner_tag, registries)),
+        })
+    }
+
+    /// The cache directory (absolute).
+    pub fn root(&self) -> &Path {
+        self.inner.store.root()
+    }
+
+    /// Parses and normalizes a reference with this cache's default registry. This (or
+    /// [`ImageRef::parse`]) is the only way to make an [`ImageRef`], so [`Cache::get`]
+    /// takes it as it is.
+    pub fn parse_reference(&self, s: &str) -> Result<ImageRef, Error> {
+        ImageRef::parse(s, &self.inner.config.default_registry)
+    }
+
+    /// Returns the image, pulling and unpacking what is missing as `options.policy`
+    /// allows, reporting its layers to `options.progress` (see [`PullProgress`]) and,
+    /// with `options.lease`, leasing it before any prune can remove it.
+    ///
+    /// An image that is complete in the cache and not to be resolved again (policy
+    /// `IfNotPresent` or `Never`) is found without the network in one blocking call
+    /// and reports nothing: nothing is pulled.
+    pub async fn get(&self, reference: &ImageRef, options: GetOptions) -> Result<Got, Error> {
+        let GetOptions {
+            policy,
+            credentials,
+            progress,
+            lease,
+        } = options;
+        if let Some(got) = self.get_present(reference, policy, lease).await? {
+            return Ok(got);
+        }
+        let inner = self.inner.clone();
+        let gc = blocking(move || Ok(inner.store.gc_lock(false)?)).await?;
+        let progress = progress.unwrap_or_else(|| Arc::new(NoProgress));
+        let image = self
+            .inner
+            .get(reference, policy, &credentials, &progress)
+            .await?;
+        let lease = match lease {
+            true => {
+                let (inner, i) = (self.inner.clone(), image.clone());
+                Some(blocking(move || Ok(inner.store.lease_image(&i)?)).await?)
+            }
+            false => None,
+        };
+        drop(gc);
+        Ok(Got { image, lease })
+    }
+
+    /// The warm path: the image (and its lease, if `lease`) when everything it needs
+    /// is cached and `policy` does not ask to re-resolve it, in one blocking call.
+    /// `None` sends the caller down the full path.
+    async fn get_present(
+        &self,
+        reference: &ImageRef,
+        policy: PullPolicy,
+        lease: bool,
+    ) -> Result<Option<Got>, Error> {
+        if policy == PullPolicy::Always {
+            return Ok(None);
+        }
+        let in_registry = matches!(reference, ImageRef::Registry { .. });
+        let (inner, reference) = (self.inner.clone(), reference.clone());
+        let found = blocking(move || {
+            let _gc = inner.store.gc_lock(false)?;
+            let Some(image) = inner.present(&reference)? else {
+                return Ok(None);
+            };
+            let lease = match lease {
+                true => Some(inner.store.lease_image(&image)?),
+                false => None,
+            };
+            Ok(Some(Got { image, lease }))
+        })
+        .await?;
+        if let Some(got) = &found
+            && in_registry
+        {
+            self.inner.touch(&got.image.reference).await;
+        }
+        Ok(found)
+    }
+
+    /// Every cached reference with its size and last use, sorted by reference.
+    pub async fn list(&self) -> Result<Vec<CachedImage>, Error> {
+        let inner = self.inner.clone();
+        blocking(move || Ok(inner.store.list())).await
+    }
+
+    /// Removes what no reference or lease uses, then the least recently used references
+    /// (and what only they use) until the cache holds at most `max_bytes`. Never removes
+    /// what a lease holds. Does nothing if the cache is already within `max_bytes`.
+    pub async fn prune(&self, max_bytes: u64) -> Result<PruneReport, Error> {
+        self.prune_inner(Some(max_bytes)).await
+    }
+
+    /// Removes every blob and layer that no reference or lease uses.
+    pub async fn prune_unused(&self) -> Result<PruneReport, Error> {
+        self.prune_inner(None).await
+    }
+
+    async fn prune_inner(&self, max_bytes: Option<u64>) -> Result<PruneReport, Error> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let _gc = inner.store.gc_lock(true)?;
+            Ok(inner.store.prune(max_bytes)?)
+        })
+        .await
+    }
+
+    /// Rehashes every blob and checks every unpacked layer and reference, removing what
+    /// is damaged (so that it is fetched or unpacked again), and sweeps tmp/.
+    pub async fn verify(&self) -> Result<VerifyReport, Error> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let _gc = inner.store.gc_lock(true)?;
+            Ok(inner.store.verify()?)
+        })
+        .await
+    }
+}

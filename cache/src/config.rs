@@ -1,0 +1,148 @@
+//! What a cache is opened with and what a pull is given: settings, the owner of
+//! unpacked files, the pull policy and registry credentials.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::reference::DOCKER_HUB;
+
+/// Default unpacked size limit of one image (4 GiB).
+pub(crate) const DEFAULT_MAX_IMAGE_BYTES: u64 = 4 << 30;
+/// Limit on the number of files (tar entries) of one image, across its layers.
+pub(crate) const MAX_IMAGE_FILES: u64 = 1 << 20;
+
+/// Cache settings.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Cache directory.
+    pub root: PathBuf,
+    /// Registry for unqualified references, e.g. `index.docker.io`.
+    pub default_registry: String,
+    /// `host[:port]` (or `host`, any port) allowed plain HTTP, in addition to loopback
+    /// registries (127.0.0.0/8, ::1, localhost); everything else is HTTPS.
+    pub insecure_registries: Vec<String>,
+    /// Ownership of unpacked files.
+    pub owner: LayerOwner,
+    /// Unpacked size limit of one image.
+    pub max_image_bytes: u64,
+    /// PEM CA certificates trusted for HTTPS registries in addition to the system roots.
+    pub ca_bundle: Option<Vec<u8>>,
+}
+
+impl CacheConfig {
+    /// Defaults: Docker Hub, no insecure registries, [`LayerOwner::Identity`], 4 GiB.
+    pub fn new(root: impl Into<PathBuf>) -> CacheConfig {
+        CacheConfig {
+            root: root.into(),
+            default_registry: DOCKER_HUB.to_owned(),
+            insecure_registries: Vec::new(),
+            owner: LayerOwner::Identity,
+            max_image_bytes: DEFAULT_MAX_IMAGE_BYTES,
+            ca_bundle: None,
+        }
+    }
+}
+
+/// Who owns the files of unpacked layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerOwner {
+    /// Rootless runner: files are owned by the runner's own uid/gid (no chown); the
+    /// sandbox maps that id to 0.
+    Identity,
+    /// Root runner: a file owned by uid u / gid g in the tar is chowned to
+    /// (uid + u, gid + g); ids >= size become (uid + 65534, gid + 65534)
+    /// (or the last id of the range if it is smaller).
+    Shift {
+        /// First host uid of the range.
+        uid: u32,
+        /// First host gid of the range.
+        gid: u32,
+        /// Number of ids in the range.
+        size: u32,
+    },
+}
+
+impl LayerOwner {
+    /// The directory name under `layers/`: unpacked trees differ by owner.
+    pub(crate) fn tag(&self) -> String {
+        match self {
+            LayerOwner::Identity => "id".to_owned(),
+            LayerOwner::Shift { uid, gid, size } => format!("shift-{uid}-{gid}-{size}"),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), OwnerError> {
+        if let LayerOwner::Shift { uid, gid, size } = *self {
+            if size == 0 {
+                return Err(OwnerError::EmptyRange);
+            }
+            if uid.checked_add(size - 1).is_none() || gid.checked_add(size - 1).is_none() {
+                return Err(OwnerError::Overflow { uid, gid, size });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`LayerOwner`] that cannot own files.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OwnerError {
+    #[error("invalid layer owner: the id range is empty")]
+    EmptyRange,
+    #[error("invalid layer owner: the id range {uid}/{gid}+{size} overflows")]
+    Overflow { uid: u32, gid: u32, size: u32 },
+}
+
+/// When to contact the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PullPolicy {
+    /// Use the cached image if the reference was resolved before; pull otherwise.
+    #[default]
+    IfNotPresent,
+    /// Resolve the reference in the registry every time; reuse blobs and layers.
+    Always,
+    /// Never contact the registry; fail with [`crate::ErrorKind::NotCached`] if not cached.
+    Never,
+}
+
+/// Registry credentials.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub enum Credentials {
+    /// No credentials (anonymous token, if the registry uses tokens).
+    #[default]
+    Anonymous,
+    /// User name and password (or access token used as a password).
+    Basic {
+        /// User name.
+        username: String,
+        /// Password; never printed.
+        password: String,
+    },
+    /// A registry token (docker's `registrytoken`): sent as is as
+    /// `Authorization: Bearer` to the registry, without a token exchange.
+    Bearer {
+        /// The token; never printed.
+        token: String,
+    },
+    /// An identity token (docker's `identitytoken`): an OAuth2 refresh token that is
+    /// exchanged at the registry's token endpoint for a repository-scoped access token.
+    IdentityToken {
+        /// The refresh token; never printed.
+        token: String,
+    },
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credentials::Anonymous => f.write_str("Anonymous"),
+            Credentials::Basic { username, .. } => f
+                .debug_struct("Basic")
+                .field("username", username)
+                .field("password", &"<redacted>")
+                .finish(),
+            Credentials::Bearer { .. } => f.write_str("Bearer(<redacted>)"),
+            Credentials::IdentityToken { .. } => f.write_str("IdentityToken(<redacted>)"),
+        }
+    }
+}

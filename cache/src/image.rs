@@ -1,0 +1,51 @@
+//! A cached image as [`crate::Cache::get`] returns it: its layer directories and
+//! the parts of its config a run needs.
+
+use std::path::PathBuf;
+
+use crate::rootfs::{LayerStack, RootfsError};
+
+/// A cached, unpacked image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// Normalized reference.
+    pub reference: String,
+    /// Digest of the (single-platform) image manifest, `sha256:...`.
+    pub digest: String,
+    /// Unpacked layer directories, bottom to top, absolute.
+    pub layers: Vec<PathBuf>,
+    /// The parts of the image config a run needs.
+    pub config: ImageConfig,
+    /// Whether this `get` resolved the image in a registry (a pull), rather
+    /// than from the local reference index or an OCI layout.
+    pub pulled: bool,
+}
+
+impl Image {
+    /// The image's merged root file system, read the way the sandbox's overlay shows
+    /// it (see [`LayerStack`]).
+    pub fn rootfs(&self) -> Result<LayerStack, RootfsError> {
+        LayerStack::open(&self.layers)
+    }
+
+    /// The regular file at the absolute `path` of the image's root file system (see
+    /// [`LayerStack::read_file`]).
+    pub fn read_file(&self, path: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, RootfsError> {
+        self.rootfs()?.read_file(path, max_bytes)
+    }
+}
+
+/// The parts of an image config a run needs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageConfig {
+    /// `Entrypoint`.
+    pub entrypoint: Vec<String>,
+    /// `Cmd`.
+    pub cmd: Vec<String>,
+    /// `Env` (`NAME=value`).
+    pub env: Vec<String>,
+    /// `WorkingDir` (empty: `/`).
+    pub working_dir: String,
+    /// `User` (`uid[:gid]` or names; empty: root).
+    pub user: String,
+}
