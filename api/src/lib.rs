@@ -5,11 +5,14 @@
 //! - [`functionio`]: the FunctionIO document a function reads on stdin and writes on
 //!   stdout, and its validation.
 //! - [`quantity`]: Kubernetes resource quantities as used in `ResourceLimits`.
+//! - [`text`]: foreign text (input, output, stderr, a registry's answer) bounded
+//!   for messages.
 //!
 //! This crate does no I/O.
 
 pub mod functionio;
 pub mod quantity;
+pub mod text;
 
 /// The generated `apiextensions.fn.proto.v1alpha1` API.
 #[allow(clippy::all, missing_docs)]
