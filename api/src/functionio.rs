@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 
+use crate::text;
+
 /// The `apiVersion` a FunctionIO may carry.
 pub const API_VERSION: &str = "apiextensions.crossplane.io/v1alpha1";
 /// The `kind` a FunctionIO may carry.
@@ -147,19 +149,27 @@ pub enum Error {
     /// The document is not a YAML mapping at the top level.
     #[error("document is not a YAML mapping but a {0}")]
     NotAMapping(&'static str),
-    /// The document is not valid YAML, or a field has the wrong shape.
+    /// The document is not valid YAML, or a field has the wrong shape: the
+    /// parser's message, which quotes the offending value, bounded to
+    /// [`text::QUOTE_MAX`].
     #[error("{0}")]
-    Yaml(#[from] serde_norway::Error),
+    Yaml(String),
     /// `apiVersion` or `kind` is present with a wrong value.
     #[error("{field} is {found:?}, expected {expected:?}")]
     WrongType {
         /// `apiVersion` or `kind`.
         field: &'static str,
-        /// The value found.
+        /// The value found, bounded to [`text::QUOTE_MAX`].
         found: String,
         /// The only value allowed.
         expected: &'static str,
     },
+}
+
+impl From<serde_norway::Error> for Error {
+    fn from(e: serde_norway::Error) -> Self {
+        Error::Yaml(text::bounded(&e.to_string(), text::QUOTE_MAX).into_owned())
+    }
 }
 
 /// Parses and checks a FunctionIO document.
@@ -198,7 +208,7 @@ fn check_type_meta(
     match found {
         Some(found) if found != expected => Err(Error::WrongType {
             field,
-            found: found.to_owned(),
+            found: text::bounded(found, text::QUOTE_MAX).into_owned(),
             expected,
         }),
         _ => Ok(()),
@@ -256,6 +266,24 @@ mod tests {
                 err.contains(want),
                 "{doc:?}: {err:?} does not contain {want:?}"
             );
+        }
+    }
+
+    #[test]
+    fn errors_quote_a_huge_value_bounded() {
+        let huge = "a".repeat(12 << 20);
+        for (doc, want) in [
+            (format!("config: {huge}\n"), "invalid type: string \"aaa"),
+            (format!("apiVersion: {huge}\n"), "apiVersion is \"aaa"),
+            (
+                format!("results: [{{severity: {huge}}}]\n"),
+                "unknown variant `aaa",
+            ),
+        ] {
+            let err = validate(doc.as_bytes()).unwrap_err().to_string();
+            assert!(err.len() <= text::QUOTE_MAX + 128, "{} bytes", err.len());
+            assert!(err.contains(want), "{err}");
+            assert!(err.contains("bytes elided"), "{err}");
         }
     }
 
