@@ -23,7 +23,7 @@ use fnrun_cache::{NoProgress, PullPolicy, PullProgress};
 use fnrun_sandbox::Network;
 
 use crate::config::{Cli, Command, LogFormat, NetworkPolicyArg, PullPolicyArg, RunArgs};
-use crate::error::Class;
+use crate::error::{Class, LINE_MAX};
 use crate::runner::RunRequest;
 
 /// Version with build facts, for `--version` and the start-up log line.
@@ -61,8 +61,9 @@ fn main() -> ExitCode {
         Command::Serve(args) => match serve::serve(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                tracing::error!("{e:#}");
-                eprintln!("fnrun: {e:#}");
+                let message = error_line(&format!("{e:#}"));
+                tracing::error!("{message}");
+                eprintln!("fnrun: {message}");
                 ExitCode::from(EXIT_FAILED)
             }
         },
@@ -95,14 +96,14 @@ fn run(args: RunArgs) -> ExitCode {
     let input = match read_input(&args.input) {
         Ok(input) => input,
         Err(e) => {
-            eprintln!("fnrun: {e}");
+            eprintln!("fnrun: {}", error_line(&e));
             return ExitCode::from(EXIT_USAGE);
         }
     };
     let runner = match config::build_runner(&args.cache, &args.sandbox, runner::Admission::ONE) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("fnrun: {e:#}");
+            eprintln!("fnrun: {}", error_line(&format!("{e:#}")));
             return ExitCode::from(EXIT_FAILED);
         }
     };
@@ -113,7 +114,7 @@ fn run(args: RunArgs) -> ExitCode {
     req.credentials = match docker_config::credentials_for_image(runner.cache(), &req.image) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("fnrun: {e}");
+            eprintln!("fnrun: {}", error_line(&e));
             return ExitCode::from(EXIT_FAILED);
         }
     };
@@ -139,7 +140,7 @@ fn run(args: RunArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("fnrun: {}", one_line(&e.to_string()));
+            eprintln!("fnrun: {}", error_line(&e));
             ExitCode::from(exit_code(e.class()))
         }
     }
@@ -154,9 +155,11 @@ fn exit_code(class: Class) -> u8 {
     }
 }
 
-/// Error output is one line: the stderr tail of a function may have many.
-fn one_line(s: &str) -> String {
-    s.trim_end().replace('\n', "\\n")
+/// Error output is one line (the stderr tail of a function may have many) of
+/// at most [`LINE_MAX`] bytes (what it quotes may be megabytes long).
+fn error_line(e: &dyn std::fmt::Display) -> String {
+    let line = e.to_string().trim_end().replace('\n', "\\n");
+    error::bounded(&line, LINE_MAX)
 }
 
 fn read_input(path: &str) -> std::io::Result<Vec<u8>> {
@@ -174,7 +177,7 @@ fn pull(args: config::PullArgs) -> ExitCode {
     let runner = match config::build_runner(&args.cache, &args.sandbox, runner::Admission::ONE) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("fnrun: {e:#}");
+            eprintln!("fnrun: {}", error_line(&format!("{e:#}")));
             return ExitCode::from(EXIT_FAILED);
         }
     };
@@ -206,7 +209,7 @@ fn pull(args: config::PullArgs) -> ExitCode {
         match result {
             Ok(img) => println!("{} {}", img.reference, img.digest),
             Err(e) => {
-                eprintln!("fnrun: {image}: {}", one_line(&e.to_string()));
+                eprintln!("fnrun: {}", error_line(&format!("{image}: {e}")));
                 code = ExitCode::from(EXIT_FAILED);
             }
         }
@@ -233,6 +236,9 @@ mod tests {
         assert_eq!(exit_code(Class::DeadlineExceeded), 124);
         assert_eq!(exit_code(Class::Aborted), 1);
         assert_eq!(exit_code(Class::NotFound), 1);
-        assert_eq!(one_line("a\nb\n"), "a\\nb");
+        assert_eq!(error_line(&"a\nb\n"), "a\\nb");
+        let line = error_line(&format!("{}\n", "z\n".repeat(1 << 20)));
+        assert!(line.len() <= LINE_MAX, "{}", line.len());
+        assert!(!line.contains('\n'));
     }
 }
