@@ -1,6 +1,7 @@
 //! `fnrun`: a rootless container function runner for Crossplane composition
 //! functions. `main` only sets up logging, dispatches and prints the error.
 
+mod authority;
 mod cache_cmd;
 mod config;
 mod credential_helper;

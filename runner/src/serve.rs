@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use fnrun_api::v1alpha1::containerized_function_runner_service_server::ContainerizedFunctionRunnerServiceServer;
+use futures::TryStreamExt;
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::authority::NormalizeAuthority;
 use crate::config::ServeArgs;
 use crate::listen::{ListenAddr, Listener};
 use crate::runner::Admission;
@@ -108,9 +110,10 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         servers.push(match listener {
             Listener::Unix(l, path) => {
                 socket_files.extend(path);
-                tokio::spawn(
-                    router.serve_with_incoming_shutdown(UnixListenerStream::new(l), shutdown),
-                )
+                // Clients of unix sockets send the socket's path or name as
+                // `:authority`, which h2 refuses; see `authority`.
+                let incoming = UnixListenerStream::new(l).map_ok(NormalizeAuthority::new);
+                tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
             }
             Listener::Tcp(l) => tokio::spawn(
                 router.serve_with_incoming_shutdown(TcpListenerStream::new(l), shutdown),
