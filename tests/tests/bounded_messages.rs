@@ -76,7 +76,9 @@ fn assert_log_bounded(daemon: &Daemon) {
     assert!(run.contains("bytes elided]"), "{run}");
 }
 
-#[tokio::test]
+// Several threads: the client's connection must close while the test
+// thread waits for the daemon to drain and stop.
+#[tokio::test(flavor = "multi_thread")]
 async fn a_huge_invalid_input_gets_a_bounded_status_through_tonic_and_log() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -137,7 +139,9 @@ fn a_huge_invalid_input_gets_a_bounded_error_line_on_the_cli() {
     }
 }
 
-#[tokio::test]
+// Several threads: the client's connection must close while the test
+// thread waits for the daemon to drain and stop.
+#[tokio::test(flavor = "multi_thread")]
 async fn output_that_quotes_a_megabyte_gets_a_bounded_status_and_error_line() {
     // The output's `config` is a 1 MB string: the output error quotes it.
     let script = r#"#!/bin/sh

@@ -105,7 +105,9 @@ macro_rules! reflect {
     }};
 }
 
-#[tokio::test]
+// Several threads: the client's connection must close while the test
+// thread waits for the daemon to drain and stop.
+#[tokio::test(flavor = "multi_thread")]
 async fn reflection_v1_and_v1alpha_list_the_services_and_give_their_files() {
     let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
     let v1 = reflect!(v1, daemon.channel().await.expect("connects"));
