@@ -69,6 +69,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for NormalizeAuthority<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             if !this.output.is_empty() {
                 let n = this.output.len().min(buf.remaining());
