@@ -166,6 +166,7 @@ impl Toolchain {
                 .env("GOPATH", format!("{}:{DEBIAN_GOPATH}", gopath.display()))
                 .env("GOPROXY", "off")
                 .env("GOFLAGS", "")
+                .env("GOENV", "off")
                 .env("GOCACHE", &go_cache)
                 .env("CGO_ENABLED", "0"),
         )
