@@ -5,21 +5,21 @@
 
 use std::fmt;
 
-use crate::text;
+use crate::Quoted;
 
 /// A quantity that is not a Kubernetes quantity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{input:?} is not a valid quantity: {reason}")]
+#[error("{input} is not a valid quantity: {reason}")]
 pub struct Error {
-    /// The input, bounded to [`text::QUOTE_MAX`].
-    input: String,
+    /// The input, quoted and cut short.
+    input: Quoted,
     reason: &'static str,
 }
 
 impl Error {
     fn new(input: &str, reason: &'static str) -> Self {
         Error {
-            input: text::bounded(input, text::QUOTE_MAX).into_owned(),
+            input: Quoted::new(input),
             reason,
         }
     }
@@ -210,7 +210,7 @@ mod tests {
         assert!(parse_memory("100Ei").is_err(), "overflow");
         let huge = format!("{}Gb", "1".repeat(1 << 20));
         let err = parse_memory(&huge).unwrap_err().to_string();
-        assert!(err.len() <= text::QUOTE_MAX + 128, "{} bytes", err.len());
+        assert!(err.len() <= crate::MAX_QUOTED + 64, "{} bytes", err.len());
         assert!(err.contains("bytes elided"), "{err}");
         assert!(
             parse_memory("12Gb")

@@ -10,10 +10,6 @@
 
 use std::borrow::Cow;
 
-/// The most fnrun quotes of one foreign value inside a message (a field of the
-/// caller's input, a quantity, an `apiVersion`).
-pub const QUOTE_MAX: usize = 1024;
-
 /// `text` if it is at most `max` bytes long; otherwise its head and its tail
 /// around a marker that says how many bytes were left out of how many, e.g.
 /// `config: invalid type: string "aaa…[11999000 of 12000043 bytes elided]…aaa",
@@ -103,8 +99,8 @@ mod tests {
             "invalid type: string \"{}\", expected a map at line 1 column 9",
             "a".repeat(12 << 20)
         );
-        let out = bounded(&text, QUOTE_MAX);
-        assert!(out.len() <= QUOTE_MAX);
+        let out = bounded(&text, 1024);
+        assert!(out.len() <= 1024);
         assert!(out.starts_with("invalid type: string \"aaa"), "{out}");
         assert!(
             out.ends_with("\", expected a map at line 1 column 9"),

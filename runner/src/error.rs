@@ -19,6 +19,10 @@ pub const LINE_MAX: usize = 4 << 10;
 /// a status message with the rest of the message.
 pub const STDERR_QUOTE_MAX: usize = 1536;
 
+/// The most bytes of the caller's image reference in a log line: a valid one
+/// is shorter (a name of 255 bytes, a tag of 128 and a digest).
+pub const IMAGE_REF_MAX: usize = 512;
+
 /// `message` bounded to `max` bytes (see [`text::bounded`]).
 pub fn bounded(message: &dyn std::fmt::Display, max: usize) -> String {
     let message = message.to_string();

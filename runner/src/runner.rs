@@ -11,7 +11,7 @@ use fnrun_cache::{Cache, Credentials, ErrorKind, ImageRef, PullPolicy};
 use fnrun_sandbox::{IdMap, Limits, Network, RunSpec, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::error::{LINE_MAX, RunError, bounded};
+use crate::error::{IMAGE_REF_MAX, LINE_MAX, RunError, bounded};
 use crate::metrics::Metrics;
 use crate::user;
 
@@ -179,7 +179,7 @@ impl Runner {
     pub async fn run(&self, req: RunRequest) -> Result<RunOutput, RunError> {
         let start = Instant::now();
         // The reference is the caller's: it may be anything, of any length.
-        let image = text::bounded(&req.image, text::QUOTE_MAX).into_owned();
+        let image = text::bounded(&req.image, IMAGE_REF_MAX).into_owned();
         let result = self.run_inner(req).await;
         self.maybe_prune();
         let elapsed = start.elapsed();

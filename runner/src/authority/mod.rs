@@ -55,7 +55,7 @@ impl<IO> NormalizeAuthority<IO> {
         for value in self.rewriter.take_replaced() {
             let value = String::from_utf8_lossy(&value);
             tracing::debug!(
-                authority = %fnrun_api::text::bounded(&value, fnrun_api::text::QUOTE_MAX),
+                authority = %fnrun_api::Quoted::new(&value),
                 "unix connection: :authority is not a URI authority; replaced with localhost"
             );
         }

@@ -1,0 +1,135 @@
+//! What every document parser of this crate shares: parsing one YAML document
+//! into a value, naming a value's kind, and quoting input in error messages
+//! without ever quoting more than a few hundred bytes of it (through
+//! [`text::bounded`]).
+
+use std::fmt;
+
+use serde_norway::Value;
+
+use crate::text;
+
+/// The most bytes of a value that an error message quotes.
+pub const MAX_QUOTED: usize = 200;
+/// The most bytes of a YAML parser's message that an error keeps.
+pub const MAX_MESSAGE: usize = 1024;
+
+/// A YAML parse or shape error, its message cut to [`MAX_MESSAGE`] bytes.
+///
+/// The parser's own messages quote the offending value (`invalid type: string
+/// "…"`), which may be megabytes long; this keeps the start of the message,
+/// which says what, and its end, which says what was expected and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct YamlError(String);
+
+impl From<serde_norway::Error> for YamlError {
+    fn from(err: serde_norway::Error) -> Self {
+        Self(truncate(&err.to_string(), MAX_MESSAGE).into_owned())
+    }
+}
+
+/// A value quoted in an error message: `"text"`, cut to [`MAX_QUOTED`] bytes
+/// (head and tail) with the bytes left out said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quoted(String);
+
+impl Quoted {
+    /// Quotes `s`.
+    pub fn new(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl fmt::Display for Quoted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", text::bounded(&self.0, MAX_QUOTED))
+    }
+}
+
+/// `s` cut to at most `max` bytes (see [`text::bounded`]).
+pub(crate) fn truncate(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    text::bounded(s, max)
+}
+
+/// The name of a value's kind, for messages such as "is a sequence".
+pub(crate) fn kind_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Sequence(_) => "sequence",
+        Value::Mapping(_) => "mapping",
+        Value::Tagged(_) => "tagged value",
+    }
+}
+
+/// Why a document could not be read as one YAML mapping.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DocumentError {
+    #[error("document is empty")]
+    Empty,
+    #[error(transparent)]
+    Yaml(#[from] YamlError),
+    #[error("document is not a YAML mapping but a {0}")]
+    NotAMapping(&'static str),
+}
+
+/// Parses one YAML (or JSON) document that must be a mapping.
+pub(crate) fn parse_mapping(doc: &[u8]) -> Result<serde_norway::Mapping, DocumentError> {
+    if doc.iter().all(u8::is_ascii_whitespace) {
+        return Err(DocumentError::Empty);
+    }
+    let value: Value = serde_norway::from_slice(doc).map_err(YamlError::from)?;
+    match value {
+        Value::Mapping(mapping) => Ok(mapping),
+        other => Err(DocumentError::NotAMapping(kind_name(&other))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_short_values_whole() {
+        assert_eq!(Quoted::new("Pod").to_string(), "\"Pod\"");
+        assert_eq!(Quoted::new("a\"b").to_string(), "\"a\\\"b\"");
+    }
+
+    #[test]
+    fn quotes_long_values_cut_with_their_length() {
+        let long = format!("{}end", "é".repeat(10_000));
+        let quoted = Quoted::new(&long).to_string();
+        assert!(quoted.len() <= MAX_QUOTED + 2, "{}", quoted.len());
+        assert!(quoted.starts_with("\"ééé"), "{quoted}");
+        assert!(quoted.ends_with("éend\""), "{quoted}");
+        assert!(quoted.contains(" of 20003 bytes elided]"), "{quoted}");
+    }
+
+    #[test]
+    fn cuts_parser_messages_keeping_what_was_expected() {
+        let err: YamlError =
+            serde_norway::from_str::<Vec<String>>(&format!("{{key: \"{}\"}}", "y".repeat(1 << 20)))
+                .map_err(YamlError::from)
+                .unwrap_err();
+        assert!(err.to_string().len() <= MAX_MESSAGE);
+        assert!(err.to_string().starts_with("invalid type"), "{err}");
+        assert!(err.to_string().contains("expected a sequence"), "{err}");
+    }
+
+    #[test]
+    fn parses_only_mappings() {
+        assert!(matches!(parse_mapping(b" \n"), Err(DocumentError::Empty)));
+        assert!(matches!(
+            parse_mapping(b"- a"),
+            Err(DocumentError::NotAMapping("sequence"))
+        ));
+        assert!(matches!(
+            parse_mapping(b"a: [1"),
+            Err(DocumentError::Yaml(_))
+        ));
+        assert_eq!(parse_mapping(b"{\"a\": 1}").unwrap().len(), 1);
+    }
+}
