@@ -48,7 +48,10 @@ fn main() -> ExitCode {
     // The daemon execs this binary as its spawner (`fnrun_sandbox`'s process that
     // clones each run's init): then it serves as that and never returns.
     fnrun_sandbox::run_spawner_if_asked();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => usage_error(e),
+    };
     // rustls uses ring, the only crypto provider linked; install it before any
     // TLS (registries, TCP listeners) is set up.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -156,6 +159,22 @@ fn exit_code(class: Class) -> u8 {
     }
 }
 
+/// Prints a command line error and exits, as clap does, but with the message
+/// bounded: it quotes the offending argument, which may be 128 KiB long.
+/// `--help` and `--version` are clap's to print.
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    let message = e.render().to_string();
+    eprint!("{}", error::bounded(&message, LINE_MAX));
+    if !message.ends_with('\n') {
+        eprintln!();
+    }
+    std::process::exit(e.exit_code());
+}
+
 /// Error output is one line (the stderr tail of a function may have many) of
 /// at most [`LINE_MAX`] bytes (what it quotes may be megabytes long).
 fn error_line(e: &dyn std::fmt::Display) -> String {
@@ -230,6 +249,16 @@ enum PullError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_line_errors_quote_a_long_argument_bounded() {
+        let long = "9".repeat(100_000);
+        let e = Cli::try_parse_from(["fnrun", "run", "--memory", &long, "fn:v1"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let message = error::bounded(&e.render().to_string(), LINE_MAX);
+        assert!(message.len() <= LINE_MAX, "{}", message.len());
+        assert!(message.contains("bytes elided]"), "{message}");
+    }
 
     #[test]
     fn exit_codes_follow_the_spec() {

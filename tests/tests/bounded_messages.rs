@@ -1,9 +1,10 @@
 //! Every message that quotes what a caller sent or a function wrote (gRPC
 //! status, CLI stderr, log line) is a few KiB, however large that was: a 12 MB
 //! FunctionIO whose `config` is a string (the parser's error quotes the
-//! value), a function whose output quotes a megabyte; through tonic, the real
-//! Python grpcio client (which refuses a status over its metadata limit) and
-//! the CLI, as root and rootless.
+//! value), a function whose output quotes a megabyte, a memory limit and an
+//! image reference of megabytes; through tonic, the real Python grpcio client
+//! (which refuses a status over its metadata limit) and the CLI, as root and
+//! rootless.
 
 use fnrun_tests::cli::Cli;
 use fnrun_tests::client::{self, Run};
@@ -187,4 +188,62 @@ echo 'the function says why' >&2
         out.stderr.len()
     );
     assert!(out.stderr.contains("bytes elided]"), "{}", out.stderr);
+}
+
+// Several threads: the client's connection must close while the test thread
+// waits for the daemon to drain and stop.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_huge_quantity_or_image_reference_gets_a_bounded_status_and_log() {
+    let registry = Registry::start().expect("registry starts");
+    let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let daemon = daemon(&None, DaemonOpts::default());
+    let mut client = daemon.client().await.expect("connects");
+    let huge_image = format!("example.org/{}:v1", "a".repeat(4 << 20));
+    for (request, says) in [
+        (
+            Run::new(&image, SAMPLE).memory(&format!("{}Gb", "1".repeat(12 << 20))),
+            "is not a valid quantity",
+        ),
+        (
+            Run::new(&image, SAMPLE).cpu(&"x".repeat(12 << 20)),
+            "is not a valid quantity",
+        ),
+        (Run::new(&huge_image, SAMPLE), "example.org/aaa"),
+    ] {
+        let status = client::run_function(&mut client, request.build())
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        let message = status.message();
+        assert!(message.len() <= FEW_KIB, "{} bytes", message.len());
+        assert!(message.contains(says), "{message}");
+    }
+    for line in daemon.log().lines() {
+        assert!(
+            line.len() <= LOG_LINE_MAX,
+            "a log line of {} bytes: {}…",
+            line.len(),
+            &line[..200]
+        );
+    }
+}
+
+#[test]
+fn a_huge_argument_gets_a_bounded_error_on_the_cli() {
+    // One argument may be 128 KiB long (MAX_ARG_STRLEN).
+    let cli = Cli::new().expect("cli");
+    let memory = format!("{}Gb", "1".repeat(100_000));
+    let image = format!("example.org/{}:v1", "a".repeat(100_000));
+    for args in [
+        vec!["run", "--memory", memory.as_str(), "example.org/fn:v1", "-"],
+        vec!["run", image.as_str(), "-"],
+    ] {
+        let out = cli.run(&args, Some(SAMPLE.as_bytes()));
+        assert_eq!(out.code, Some(2), "exit code {:?}", out.code);
+        assert!(
+            out.stderr.len() <= FEW_KIB + 64,
+            "{} bytes",
+            out.stderr.len()
+        );
+    }
 }
