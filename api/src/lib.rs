@@ -14,6 +14,8 @@
 //! - [`resourcelist`]: the ResourceList a KRM function reads and writes, and
 //!   kpt's function-input ConfigMap and `results.yaml`;
 //! - [`quantity`]: Kubernetes resource quantities as used in `ResourceLimits`.
+//! - [`text`]: foreign text (input, output, stderr, a registry's answer) bounded
+//!   for messages; every error here quotes through it.
 //!
 //! No error of this crate quotes more than a few hundred bytes of its input.
 
@@ -21,6 +23,7 @@ pub mod functionio;
 pub mod functionio_v1;
 pub mod quantity;
 pub mod resourcelist;
+pub mod text;
 mod yaml;
 
 pub use yaml::{MAX_MESSAGE, MAX_QUOTED, Quoted, YamlError};

@@ -5,12 +5,24 @@
 
 use std::fmt;
 
+use crate::Quoted;
+
 /// A quantity that is not a Kubernetes quantity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{input:?} is not a valid quantity: {reason}")]
+#[error("{input} is not a valid quantity: {reason}")]
 pub struct Error {
-    input: String,
+    /// The input, quoted and cut short.
+    input: Quoted,
     reason: &'static str,
+}
+
+impl Error {
+    fn new(input: &str, reason: &'static str) -> Self {
+        Error {
+            input: Quoted::new(input),
+            reason,
+        }
+    }
 }
 
 /// A parsed non-negative quantity: `mantissa * 10^exp10 * 2^exp2`.
@@ -24,10 +36,7 @@ pub struct Quantity {
 impl Quantity {
     /// Parses a quantity such as `128Mi`, `0.5`, `500m` or `1e3`.
     pub fn parse(input: &str) -> Result<Self, Error> {
-        let err = |reason| Error {
-            input: input.to_owned(),
-            reason,
-        };
+        let err = |reason| Error::new(input, reason);
         let s = input.trim();
         if s.is_empty() {
             return Err(err("it is empty"));
@@ -130,18 +139,16 @@ impl fmt::Display for Quantity {
 
 /// Parses a memory quantity into bytes.
 pub fn parse_memory(input: &str) -> Result<u64, Error> {
-    Quantity::parse(input)?.to_bytes().ok_or(Error {
-        input: input.to_owned(),
-        reason: "it is too large",
-    })
+    Quantity::parse(input)?
+        .to_bytes()
+        .ok_or_else(|| Error::new(input, "it is too large"))
 }
 
 /// Parses a CPU quantity into millicores.
 pub fn parse_cpu_millis(input: &str) -> Result<u64, Error> {
-    Quantity::parse(input)?.to_milli().ok_or(Error {
-        input: input.to_owned(),
-        reason: "it is too large",
-    })
+    Quantity::parse(input)?
+        .to_milli()
+        .ok_or_else(|| Error::new(input, "it is too large"))
 }
 
 #[cfg(test)]
@@ -201,6 +208,10 @@ mod tests {
             assert!(parse_memory(q).is_err(), "{q}");
         }
         assert!(parse_memory("100Ei").is_err(), "overflow");
+        let huge = format!("{}Gb", "1".repeat(1 << 20));
+        let err = parse_memory(&huge).unwrap_err().to_string();
+        assert!(err.len() <= crate::MAX_QUOTED + 64, "{} bytes", err.len());
+        assert!(err.contains("bytes elided"), "{err}");
         assert!(
             parse_memory("12Gb")
                 .unwrap_err()

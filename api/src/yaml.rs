@@ -1,10 +1,13 @@
 //! What every document parser of this crate shares: parsing one YAML document
 //! into a value, naming a value's kind, and quoting input in error messages
-//! without ever quoting more than a few hundred bytes of it.
+//! without ever quoting more than a few hundred bytes of it (through
+//! [`text::bounded`]).
 
 use std::fmt;
 
 use serde_norway::Value;
+
+use crate::text;
 
 /// The most bytes of a value that an error message quotes.
 pub const MAX_QUOTED: usize = 200;
@@ -15,7 +18,7 @@ pub const MAX_MESSAGE: usize = 1024;
 ///
 /// The parser's own messages quote the offending value (`invalid type: string
 /// "…"`), which may be megabytes long; this keeps the start of the message,
-/// which says what and where.
+/// which says what, and its end, which says what was expected and where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct YamlError(String);
@@ -27,7 +30,7 @@ impl From<serde_norway::Error> for YamlError {
 }
 
 /// A value quoted in an error message: `"text"`, cut to [`MAX_QUOTED`] bytes
-/// with the full length said.
+/// (head and tail) with the bytes left out said.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quoted(String);
 
@@ -40,34 +43,13 @@ impl Quoted {
 
 impl fmt::Display for Quoted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let head = prefix(&self.0, MAX_QUOTED);
-        if head.len() == self.0.len() {
-            write!(f, "{head:?}")
-        } else {
-            write!(f, "{head:?}… ({} bytes)", self.0.len())
-        }
+        write!(f, "{:?}", text::bounded(&self.0, MAX_QUOTED))
     }
 }
 
-/// The longest prefix of `s` of at most `max` bytes that ends at a character
-/// boundary.
-fn prefix(s: &str, max: usize) -> &str {
-    let mut end = max.min(s.len());
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// `s` cut to at most `max` bytes at a character boundary, with `…` appended
-/// when something was cut.
+/// `s` cut to at most `max` bytes (see [`text::bounded`]).
 pub(crate) fn truncate(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    let head = prefix(s, max);
-    if head.len() == s.len() {
-        s.into()
-    } else {
-        format!("{head}…").into()
-    }
+    text::bounded(s, max)
 }
 
 /// The name of a value's kind, for messages such as "is a sequence".
@@ -118,20 +100,23 @@ mod tests {
 
     #[test]
     fn quotes_long_values_cut_with_their_length() {
-        let long = "é".repeat(10_000);
+        let long = format!("{}end", "é".repeat(10_000));
         let quoted = Quoted::new(&long).to_string();
-        assert!(quoted.len() < MAX_QUOTED + 40, "{}", quoted.len());
-        assert!(quoted.ends_with("… (20000 bytes)"), "{quoted}");
+        assert!(quoted.len() <= MAX_QUOTED + 2, "{}", quoted.len());
+        assert!(quoted.starts_with("\"ééé"), "{quoted}");
+        assert!(quoted.ends_with("éend\""), "{quoted}");
+        assert!(quoted.contains(" of 20003 bytes elided]"), "{quoted}");
     }
 
     #[test]
-    fn cuts_parser_messages() {
+    fn cuts_parser_messages_keeping_what_was_expected() {
         let err: YamlError =
             serde_norway::from_str::<Vec<String>>(&format!("{{key: \"{}\"}}", "y".repeat(1 << 20)))
                 .map_err(YamlError::from)
                 .unwrap_err();
-        assert!(err.to_string().len() <= MAX_MESSAGE + '…'.len_utf8());
+        assert!(err.to_string().len() <= MAX_MESSAGE);
         assert!(err.to_string().starts_with("invalid type"), "{err}");
+        assert!(err.to_string().contains("expected a sequence"), "{err}");
     }
 
     #[test]

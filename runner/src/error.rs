@@ -1,10 +1,37 @@
-//! Every way a run can fail, and the one table that maps each to a gRPC code
-//! and a CLI exit code.
+//! Every way a run can fail, the one table that maps each to a gRPC code and
+//! a CLI exit code, and how long a message about it may be.
 
 use std::time::Duration;
 
+use fnrun_api::text;
 use fnrun_cache::ErrorKind as CacheKind;
 use fnrun_sandbox::Error as SandboxError;
+
+/// The most bytes of a gRPC status message. The message travels
+/// percent-encoded in a trailer, where a byte outside printable ASCII takes
+/// three, and grpc-core clients (Python, C++, Ruby) refuse a call whose
+/// metadata passes 8 KiB: 2 KiB of text is at most 6 KiB there.
+pub const STATUS_MESSAGE_MAX: usize = 2 << 10;
+
+/// The most bytes of an error on the CLI's stderr or in a log line.
+pub const LINE_MAX: usize = 4 << 10;
+
+/// The most bytes of a function's stderr tail quoted in a message: it fits in
+/// a status message with the rest of the message.
+pub const STDERR_QUOTE_MAX: usize = 1536;
+
+/// The most bytes of the caller's image reference in a log line: a valid one
+/// is shorter (a name of 255 bytes, a tag of 128 and a digest).
+pub const IMAGE_REF_MAX: usize = 512;
+
+/// `message` bounded to `max` bytes (see [`text::bounded`]).
+pub fn bounded(message: &dyn std::fmt::Display, max: usize) -> String {
+    let message = message.to_string();
+    match text::bounded(&message, max) {
+        std::borrow::Cow::Borrowed(_) => message,
+        std::borrow::Cow::Owned(cut) => cut,
+    }
+}
 
 /// The class of a failure: what the caller should do about it.
 ///
@@ -72,12 +99,14 @@ pub enum RunError {
     },
 }
 
+/// `; stderr: TAIL`, the tail bounded to [`STDERR_QUOTE_MAX`]; nothing if the
+/// function wrote nothing.
 fn stderr_suffix(stderr: &str) -> String {
     let s = stderr.trim();
     if s.is_empty() {
         String::new()
     } else {
-        format!("; stderr: {s}")
+        format!("; stderr: {}", text::bounded(s, STDERR_QUOTE_MAX))
     }
 }
 
@@ -166,6 +195,29 @@ mod tests {
         };
         assert_eq!(e.to_string(), "function ran past its timeout of 25s");
         assert_eq!(e.class(), Class::DeadlineExceeded);
+    }
+
+    #[test]
+    fn a_long_stderr_tail_is_bounded_and_keeps_its_end() {
+        let stderr = format!("{}the-end\n", "x".repeat(64 << 10));
+        let e = RunError::FunctionFailed { code: 1, stderr };
+        let message = e.to_string();
+        assert!(
+            message.len() <= STDERR_QUOTE_MAX + 64,
+            "{} bytes",
+            message.len()
+        );
+        assert!(message.starts_with("function exited with code 1; stderr: xxx"));
+        assert!(message.ends_with("xxxthe-end"), "{message}");
+        assert!(message.len() <= STATUS_MESSAGE_MAX);
+    }
+
+    #[test]
+    fn bounded_keeps_short_messages_and_cuts_long_ones() {
+        assert_eq!(bounded(&"short", 10), "short");
+        let long = bounded(&"y".repeat(100_000), LINE_MAX);
+        assert!(long.len() <= LINE_MAX);
+        assert!(long.contains("bytes elided"));
     }
 
     #[test]

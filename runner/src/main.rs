@@ -1,6 +1,7 @@
 //! `fnrun`: a rootless container function runner for Crossplane composition
 //! functions. `main` only sets up logging, dispatches and prints the error.
 
+mod authority;
 mod cache_cmd;
 mod config;
 mod credential_helper;
@@ -23,7 +24,7 @@ use fnrun_cache::{GetOptions, PullPolicy};
 use fnrun_sandbox::Network;
 
 use crate::config::{Cli, Command, LogFormat, NetworkPolicyArg, PullPolicyArg, RunArgs};
-use crate::error::Class;
+use crate::error::{Class, LINE_MAX};
 use crate::runner::RunRequest;
 
 /// Version with build facts, for `--version` and the start-up log line.
@@ -47,7 +48,10 @@ fn main() -> ExitCode {
     // The daemon execs this binary as its spawner (`fnrun_sandbox`'s process that
     // clones each run's init): then it serves as that and never returns.
     fnrun_sandbox::run_spawner_if_asked();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => usage_error(e),
+    };
     // rustls uses ring, the only crypto provider linked; install it before any
     // TLS (registries, TCP listeners) is set up.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -61,8 +65,9 @@ fn main() -> ExitCode {
         Command::Serve(args) => match serve::serve(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                tracing::error!("{e:#}");
-                eprintln!("fnrun: {e:#}");
+                let message = error_line(&format!("{e:#}"));
+                tracing::error!("{message}");
+                eprintln!("fnrun: {message}");
                 ExitCode::from(EXIT_FAILED)
             }
         },
@@ -95,14 +100,14 @@ fn run(args: RunArgs) -> ExitCode {
     let input = match read_input(&args.input) {
         Ok(input) => input,
         Err(e) => {
-            eprintln!("fnrun: {e}");
+            eprintln!("fnrun: {}", error_line(&e));
             return ExitCode::from(EXIT_USAGE);
         }
     };
     let runner = match config::build_runner(&args.cache, &args.sandbox, runner::Admission::ONE) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("fnrun: {e:#}");
+            eprintln!("fnrun: {}", error_line(&format!("{e:#}")));
             return ExitCode::from(EXIT_FAILED);
         }
     };
@@ -113,7 +118,7 @@ fn run(args: RunArgs) -> ExitCode {
     req.credentials = match docker_config::credentials_for_image(runner.cache(), &req.image) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("fnrun: {e}");
+            eprintln!("fnrun: {}", error_line(&e));
             return ExitCode::from(EXIT_FAILED);
         }
     };
@@ -139,7 +144,7 @@ fn run(args: RunArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("fnrun: {}", one_line(&e.to_string()));
+            eprintln!("fnrun: {}", error_line(&e));
             ExitCode::from(exit_code(e.class()))
         }
     }
@@ -154,9 +159,27 @@ fn exit_code(class: Class) -> u8 {
     }
 }
 
-/// Error output is one line: the stderr tail of a function may have many.
-fn one_line(s: &str) -> String {
-    s.trim_end().replace('\n', "\\n")
+/// Prints a command line error and exits, as clap does, but with the message
+/// bounded: it quotes the offending argument, which may be 128 KiB long.
+/// `--help` and `--version` are clap's to print.
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    let message = e.render().to_string();
+    eprint!("{}", error::bounded(&message, LINE_MAX));
+    if !message.ends_with('\n') {
+        eprintln!();
+    }
+    std::process::exit(e.exit_code());
+}
+
+/// Error output is one line (the stderr tail of a function may have many) of
+/// at most [`LINE_MAX`] bytes (what it quotes may be megabytes long).
+fn error_line(e: &dyn std::fmt::Display) -> String {
+    let line = e.to_string().trim_end().replace('\n', "\\n");
+    error::bounded(&line, LINE_MAX)
 }
 
 fn read_input(path: &str) -> std::io::Result<Vec<u8>> {
@@ -174,7 +197,7 @@ fn pull(args: config::PullArgs) -> ExitCode {
     let runner = match config::build_runner(&args.cache, &args.sandbox, runner::Admission::ONE) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("fnrun: {e:#}");
+            eprintln!("fnrun: {}", error_line(&format!("{e:#}")));
             return ExitCode::from(EXIT_FAILED);
         }
     };
@@ -200,7 +223,7 @@ fn pull(args: config::PullArgs) -> ExitCode {
         match result {
             Ok(img) => println!("{} {}", img.reference, img.digest),
             Err(e) => {
-                eprintln!("fnrun: {image}: {}", one_line(&e.to_string()));
+                eprintln!("fnrun: {}", error_line(&format!("{image}: {e}")));
                 code = ExitCode::from(EXIT_FAILED);
             }
         }
@@ -222,11 +245,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn command_line_errors_quote_a_long_argument_bounded() {
+        let long = "9".repeat(100_000);
+        let e = Cli::try_parse_from(["fnrun", "run", "--memory", &long, "fn:v1"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let message = error::bounded(&e.render().to_string(), LINE_MAX);
+        assert!(message.len() <= LINE_MAX, "{}", message.len());
+        assert!(message.contains("bytes elided]"), "{message}");
+    }
+
+    #[test]
     fn exit_codes_follow_the_spec() {
         assert_eq!(exit_code(Class::InvalidArgument), 2);
         assert_eq!(exit_code(Class::DeadlineExceeded), 124);
         assert_eq!(exit_code(Class::Aborted), 1);
         assert_eq!(exit_code(Class::NotFound), 1);
-        assert_eq!(one_line("a\nb\n"), "a\\nb");
+        assert_eq!(error_line(&"a\nb\n"), "a\\nb");
+        let line = error_line(&format!("{}\n", "z\n".repeat(1 << 20)));
+        assert!(line.len() <= LINE_MAX, "{}", line.len());
+        assert!(!line.contains('\n'));
     }
 }

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use fnrun_api::functionio;
+use fnrun_api::{functionio, text};
 use fnrun_cache::{Cache, Credentials, ErrorKind, GetOptions, Got, ImageRef, PullPolicy};
 use fnrun_sandbox::{IdMap, Limits, Network, RunSpec, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::error::RunError;
+use crate::error::{IMAGE_REF_MAX, LINE_MAX, RunError, bounded};
 use crate::metrics::Metrics;
 use crate::user;
 
@@ -149,7 +149,10 @@ impl Runner {
                     "pruned the image cache"
                 ),
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot prune the image cache"),
+                Err(e) => tracing::warn!(
+                    error = %bounded(&e, LINE_MAX),
+                    "cannot prune the image cache"
+                ),
             }
         });
     }
@@ -175,7 +178,8 @@ impl Runner {
     /// Runs one function call and logs one line about it.
     pub async fn run(&self, req: RunRequest) -> Result<RunOutput, RunError> {
         let start = Instant::now();
-        let image = req.image.clone();
+        // The reference is the caller's: it may be anything, of any length.
+        let image = text::bounded(&req.image, IMAGE_REF_MAX).into_owned();
         let result = self.run_inner(req).await;
         self.maybe_prune();
         let elapsed = start.elapsed();
@@ -195,7 +199,13 @@ impl Runner {
             }
             Err(e) => {
                 self.metrics.run_finished(e.outcome(), elapsed);
-                tracing::info!(image, outcome = e.outcome(), duration_ms = ms, error = %e, "function run");
+                tracing::info!(
+                    image,
+                    outcome = e.outcome(),
+                    duration_ms = ms,
+                    error = %bounded(e, LINE_MAX),
+                    "function run"
+                );
             }
         }
         result

@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use fnrun_api::v1alpha1::containerized_function_runner_service_server::ContainerizedFunctionRunnerServiceServer;
+use futures::TryStreamExt;
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::authority::NormalizeAuthority;
 use crate::config::ServeArgs;
 use crate::listen::{ListenAddr, Listener};
 use crate::runner::Admission;
@@ -66,11 +68,21 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(fnrun_api::v1alpha1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Server reflection in both versions that clients speak: v1, and v1alpha
+    // (grpcio-reflection, grpc_cli, older grpcurl). Each lists both.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(fnrun_api::v1alpha1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .context("build the reflection service")?;
+        .context("build the reflection service (v1)")?;
+    let reflection_v1alpha = reflection()
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("build the reflection service (v1alpha)")?;
     let service = ContainerizedFunctionRunnerServiceServer::new(FunctionRunnerService::new(runner))
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(128 << 20);
@@ -91,15 +103,17 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         }
         let router = builder
             .add_service(health.clone())
-            .add_service(reflection.clone())
+            .add_service(reflection_v1.clone())
+            .add_service(reflection_v1alpha.clone())
             .add_service(service.clone());
         let shutdown = stopped(shutdown_rx.clone());
         servers.push(match listener {
             Listener::Unix(l, path) => {
                 socket_files.extend(path);
-                tokio::spawn(
-                    router.serve_with_incoming_shutdown(UnixListenerStream::new(l), shutdown),
-                )
+                // Clients of unix sockets send the socket's path or name as
+                // `:authority`, which h2 refuses; see `authority`.
+                let incoming = UnixListenerStream::new(l).map_ok(NormalizeAuthority::new);
+                tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
             }
             Listener::Tcp(l) => tokio::spawn(
                 router.serve_with_incoming_shutdown(TcpListenerStream::new(l), shutdown),

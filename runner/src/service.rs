@@ -14,7 +14,7 @@ use fnrun_cache::{Credentials, PullPolicy};
 use fnrun_sandbox::Network;
 use tonic::{Code, Request, Response, Status};
 
-use crate::error::{Class, RunError};
+use crate::error::{Class, RunError, STATUS_MESSAGE_MAX, bounded};
 use crate::runner::{DEFAULT_TIMEOUT, RunRequest, Runner};
 
 /// The gRPC code for each failure class (SPEC.md's status table).
@@ -34,8 +34,10 @@ pub fn code(class: Class) -> Code {
 }
 
 impl From<RunError> for Status {
+    /// The class's code and the message, bounded: what the message quotes (the
+    /// input, stderr, output, a registry's answer) can be megabytes long.
     fn from(e: RunError) -> Status {
-        Status::new(code(e.class()), e.to_string())
+        Status::new(code(e.class()), bounded(&e, STATUS_MESSAGE_MAX))
     }
 }
 
@@ -313,5 +315,31 @@ mod tests {
         assert_eq!(code(Class::Aborted), Code::Aborted);
         let s: Status = RunError::InvalidRequest("x".into()).into();
         assert_eq!(s.code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn a_status_message_is_bounded() {
+        let huge = format!("config: {}\n", "a".repeat(12 << 20));
+        let e = fnrun_api::functionio::validate(huge.as_bytes()).unwrap_err();
+        let s: Status = RunError::InvalidInput(e).into();
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(
+            s.message().len() <= STATUS_MESSAGE_MAX,
+            "{}",
+            s.message().len()
+        );
+        assert!(
+            s.message()
+                .starts_with("input is not a FunctionIO: invalid type: string \"aaa"),
+            "{}",
+            s.message()
+        );
+        let s: Status = RunError::InvalidRequest("b".repeat(1 << 20)).into();
+        assert!(
+            s.message().len() <= STATUS_MESSAGE_MAX,
+            "{}",
+            s.message().len()
+        );
+        assert!(s.message().contains("bytes elided"), "{}", s.message());
     }
 }

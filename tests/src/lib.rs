@@ -14,18 +14,27 @@
 //! - [`cli`]: `fnrun run` and friends as a user would type them.
 //! - [`functionio`]: sample documents and helpers to read outputs.
 //! - [`fixtures`]: standard functions, a TCP listener, leftover process checks.
+//! - [`python`], [`go`]: gRPC clients of other libraries (grpcio, grpc-go) from
+//!   `tests/python/` and `tests/go/`, with stubs generated from `.proto` files;
+//!   [`grpc_clients`] runs them against a daemon.
+//! - [`tool_cache`]: what those need, built once and kept across runs.
 //!
-//! Host tools needed: docker-registry, skopeo, umoci, busybox-static, setpriv
-//! (`scripts/test` installs them).
+//! Host tools needed: docker-registry, skopeo, umoci, busybox-static, setpriv;
+//! python3 with venv and PyPI for the Python clients; Debian's Go toolchain,
+//! grpc-go and protoc for the Go clients (`scripts/test` installs them).
 
 pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod fixtures;
 pub mod functionio;
+pub mod go;
+pub mod grpc_clients;
 pub mod image;
 pub mod process;
+pub mod python;
 pub mod registry;
+pub mod tool_cache;
 pub mod user;
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
-//! Daemon operations: admission, reflection, allowed registries, metrics that
-//! move with the runs, and build info.
+//! Daemon operations: admission, reflection (v1 and v1alpha), allowed
+//! registries, metrics that move with the runs, and build info.
 
 use std::time::{Duration, Instant};
 
@@ -60,34 +60,78 @@ async fn a_call_beyond_concurrency_and_queue_is_refused_at_once() {
         .expect("the first call still completes");
 }
 
-#[tokio::test]
-async fn reflection_lists_the_v1alpha1_service() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+/// Asks the daemon's reflection service, in the version of module `$v`, for
+/// its services and for the file that defines `SERVICE_NAME`; returns the
+/// service names and that file's descriptor.
+macro_rules! reflect {
+    ($v:ident, $channel:expr) => {{
+        use prost::Message;
+        use tonic_reflection::pb::$v::ServerReflectionRequest;
+        use tonic_reflection::pb::$v::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::$v::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::$v::server_reflection_response::MessageResponse;
 
+        let mut client = ServerReflectionClient::new($channel);
+        let requests = [
+            MessageRequest::ListServices(String::new()),
+            MessageRequest::FileContainingSymbol(SERVICE_NAME.to_owned()),
+        ]
+        .map(|request| ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(request),
+        });
+        let mut responses = client
+            .server_reflection_info(tokio_stream::iter(requests))
+            .await
+            .expect(concat!("reflection ", stringify!($v), " answers"))
+            .into_inner();
+        let mut names = Vec::new();
+        let mut files = Vec::new();
+        while let Some(response) = responses.message().await.expect("a response") {
+            match response.message_response {
+                Some(MessageResponse::ListServicesResponse(list)) => {
+                    names.extend(list.service.into_iter().map(|s| s.name));
+                }
+                Some(MessageResponse::FileDescriptorResponse(fd)) => {
+                    files.extend(fd.file_descriptor_proto.iter().map(|bytes| {
+                        prost_types::FileDescriptorProto::decode(bytes.as_slice())
+                            .expect("a file descriptor")
+                    }));
+                }
+                other => panic!("unexpected reflection response {other:?}"),
+            }
+        }
+        (names, files)
+    }};
+}
+
+// Several threads: the client's connection must close while the test
+// thread waits for the daemon to drain and stop.
+#[tokio::test(flavor = "multi_thread")]
+async fn reflection_v1_and_v1alpha_list_the_services_and_give_their_files() {
     let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
-    let mut reflection = ServerReflectionClient::new(daemon.channel().await.expect("connects"));
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = reflection
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .expect("reflection answers")
-        .into_inner();
-    let response = responses.message().await.unwrap().expect("one response");
-    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
-        panic!("unexpected reflection response {response:?}");
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.iter().any(|n| n == SERVICE_NAME), "{names:?}");
-    assert!(
-        names.iter().any(|n| n == "grpc.health.v1.Health"),
-        "{names:?}"
-    );
+    let v1 = reflect!(v1, daemon.channel().await.expect("connects"));
+    let v1alpha = reflect!(v1alpha, daemon.channel().await.expect("connects"));
+    for (version, (names, files)) in [("v1", v1), ("v1alpha", v1alpha)] {
+        for service in [
+            SERVICE_NAME,
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ] {
+            assert!(names.iter().any(|n| n == service), "{version}: {names:?}");
+        }
+        let file = files
+            .iter()
+            .find(|f| f.package() == "apiextensions.fn.proto.v1alpha1")
+            .unwrap_or_else(|| panic!("{version}: no v1alpha1 file in {files:?}"));
+        assert_eq!(
+            file.service[0].name(),
+            "ContainerizedFunctionRunnerService",
+            "{version}"
+        );
+        assert_eq!(file.service[0].method[0].name(), "RunFunction", "{version}");
+    }
 }
 
 #[tokio::test]

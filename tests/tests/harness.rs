@@ -1,6 +1,7 @@
 //! Tests of the e2e harness itself; none of them needs fnrun. They show that
-//! the registry, the image builder, the test user and the gRPC client plumbing
-//! work, so a failing e2e test points at fnrun, not at the harness.
+//! the registry, the image builder, the test user, the gRPC client plumbing
+//! and the Python and Go clients work, so a failing e2e test points at fnrun,
+//! not at the harness.
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
@@ -15,12 +16,14 @@ use fnrun_api::v1alpha1::{
 use fnrun_tests::client::{self, Client, HEALTH_SERVING, Run};
 use fnrun_tests::fixtures::{self, PongServer};
 use fnrun_tests::functionio::{self, SAMPLE};
+use fnrun_tests::grpc_clients::{self, GoDial};
 use fnrun_tests::image::TestImage;
 use fnrun_tests::process::{check_output, run_capture};
 use fnrun_tests::registry::{Registry, http_status};
+use fnrun_tests::tool_cache::{self, Key, Protos};
 use fnrun_tests::user::{ensure_test_user, require_root};
 use fnrun_tests::{profile_dir, unique_name};
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 #[test]
 fn registry_starts_answers_and_stops() {
@@ -375,6 +378,26 @@ async fn serve(listener: tokio::net::UnixListener) {
         .expect("serves");
 }
 
+/// The stand-in service on a loopback TCP port (where tonic takes any
+/// client's `:authority`); returns its address.
+async fn serve_tcp() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(fnrun_api::v1alpha1::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .expect("reflection");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(reflection)
+            .add_service(ContainerizedFunctionRunnerServiceServer::new(Echo))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    addr
+}
+
 async fn exercise(mut client: Client) {
     let request = Run::new("example.org/fn:v1", SAMPLE)
         .pull_policy(ImagePullPolicy::Never)
@@ -447,4 +470,117 @@ fn pong_server_answers_ping() {
     BufReader::new(&stream).read_line(&mut line).expect("read");
     assert_eq!(line, "pong\n");
     assert!(server.answered());
+}
+
+#[test]
+fn cache_keys_tell_their_parts_apart() {
+    let key = |parts: &[(&str, &str)]| {
+        let mut key = Key::new();
+        for (label, bytes) in parts {
+            key.part(label, bytes);
+        }
+        key.short()
+    };
+    assert_eq!(key(&[("a", "b")]), key(&[("a", "b")]));
+    assert_eq!(key(&[("a", "b")]).len(), 16);
+    assert_ne!(key(&[("a", "b")]), key(&[("a", "c")]));
+    assert_ne!(key(&[("ab", "")]), key(&[("a", "b")]));
+    assert_ne!(key(&[("a", "b"), ("c", "")]), key(&[("a", "bc")]));
+}
+
+#[test]
+fn a_cache_entry_is_built_once_and_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let entry = dir.path().join("thing-0123");
+    let mut builds = 0;
+    for _ in 0..2 {
+        let path = tool_cache::entry(&entry, |work| {
+            builds += 1;
+            std::fs::write(work.join("made"), "yes")?;
+            Ok(())
+        })
+        .expect("builds");
+        assert_eq!(path, entry);
+        assert_eq!(std::fs::read_to_string(entry.join("made")).unwrap(), "yes");
+    }
+    assert_eq!(builds, 1);
+    // A failed build leaves nothing behind.
+    let failed = dir.path().join("failed-0123");
+    tool_cache::entry(&failed, |_| anyhow::bail!("no")).expect_err("fails");
+    assert!(!failed.exists());
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.ends_with(".lock"))
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_grpcio_calls_and_reflects_a_tonic_server() {
+    let addr = serve_tcp().await;
+    let target = addr.clone();
+    let outcome = tokio::task::spawn_blocking(move || {
+        grpc_clients::python_run_function(&target, "example.org/fn:v1", SAMPLE.as_bytes())
+    })
+    .await
+    .unwrap()
+    .expect("the Python client runs");
+    assert_eq!(outcome.code, "OK", "{outcome:?}");
+    assert!(
+        outcome.output.starts_with("image=example.org/fn:v1 "),
+        "{outcome:?}"
+    );
+    assert!(outcome.output.ends_with(SAMPLE), "{outcome:?}");
+    let target = addr.clone();
+    let outcome =
+        tokio::task::spawn_blocking(move || grpc_clients::python_run_function(&target, "", b"x"))
+            .await
+            .unwrap()
+            .expect("the Python client runs");
+    assert!(outcome.is("INVALID_ARGUMENT"), "{outcome:?}");
+    assert_eq!(outcome.message, "empty image");
+
+    let reflected = tokio::task::spawn_blocking(move || {
+        grpc_clients::python_reflection(&addr, fnrun_api::v1alpha1::SERVICE_NAME)
+    })
+    .await
+    .unwrap()
+    .expect("grpcio-reflection answers");
+    assert!(
+        reflected
+            .services
+            .iter()
+            .any(|s| s == fnrun_api::v1alpha1::SERVICE_NAME),
+        "{reflected:?}"
+    );
+    assert_eq!(reflected.file.1, "apiextensions.fn.proto.v1alpha1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_go_client_is_built_once_and_calls_a_tonic_server() {
+    let first = tokio::task::spawn_blocking(grpc_clients::go_runfunction)
+        .await
+        .unwrap()
+        .expect("the Go client builds");
+    let again = tokio::task::spawn_blocking(grpc_clients::go_runfunction)
+        .await
+        .unwrap()
+        .expect("the Go client is cached");
+    assert_eq!(first, again);
+    assert!(first.starts_with(tool_cache::dir()), "{}", first.display());
+    let mut key = Key::new();
+    Protos::fnrun_v1alpha1()
+        .hash_into(&mut key)
+        .expect("protos");
+
+    let addr = serve_tcp().await;
+    let outcome = tokio::task::spawn_blocking(move || {
+        grpc_clients::go_run_function(&GoDial::Tcp(addr), "example.org/fn:v1", SAMPLE.as_bytes())
+    })
+    .await
+    .unwrap()
+    .expect("the Go client runs");
+    assert_eq!(outcome.code, "OK", "{outcome:?}");
+    assert!(outcome.output.ends_with(SAMPLE), "{outcome:?}");
 }

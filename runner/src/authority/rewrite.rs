@@ -1,0 +1,399 @@
+//! The rewriter: reads what a client sends on one HTTP/2 connection and gives
+//! back the same bytes, except that every header block is decoded and encoded
+//! again with an `:authority` that is not a URI authority replaced by
+//! [`LOCALHOST`].
+//!
+//! It does no I/O: [`Rewriter::feed`] takes the bytes read so far and appends
+//! what the server should read. Only header blocks change: the connection
+//! preface, DATA, SETTINGS, PING, WINDOW_UPDATE, RST_STREAM, PRIORITY, GOAWAY
+//! and unknown frames go through byte for byte, so flow control and every
+//! other check stays the server's.
+//!
+//! HPACK state: a header block may use the client's dynamic table, so every
+//! block (a request's headers and its trailers alike) goes through one decoder
+//! that follows the client's encoder, and comes out of one encoder whose
+//! output the server's decoder follows. That encoder keeps no dynamic table: it
+//! refers only to the static table, so it can never disagree with the server
+//! about what an index means, whatever table size the server keeps. The
+//! client's dynamic table size updates are its decoder's business and are not
+//! passed on.
+//!
+//! What the rewriter cannot decode it does not pass on either: the server would
+//! decode the raw block against a table that is no longer the client's. It
+//! hands the server instead one header block that every HPACK decoder refuses
+//! (an indexed field with index 0), so h2 ends the connection with a GOAWAY as
+//! it would have for the client's own bad block, and drops the rest of the
+//! input.
+
+use bytes::{Buf, BufMut, BytesMut};
+use loona_hpack::{Decoder, Encoder};
+
+/// What replaces an `:authority` that is not a URI authority (a unix socket
+/// path, percent-encoded or not, or an abstract socket name): the name that
+/// grpc-go and Kubernetes use for unix sockets.
+pub const LOCALHOST: &[u8] = b"localhost";
+
+/// The HTTP/2 connection preface a client sends first (RFC 9113, 3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The length of a frame header.
+const FRAME_HEADER_LEN: usize = 9;
+
+/// The largest frame payload the rewriter writes: the smallest
+/// SETTINGS_MAX_FRAME_SIZE a server may advertise, so always acceptable.
+const MAX_FRAME_PAYLOAD: usize = 16_384;
+
+/// The dynamic table size the client's encoder may use: the server's
+/// SETTINGS_HEADER_TABLE_SIZE. fnrun's server never sends one (tonic has no
+/// such option), so it is the protocol's default.
+pub const SERVER_HEADER_TABLE_SIZE: usize = 4096;
+
+/// The most bytes of one encoded header block (HEADERS and its CONTINUATION
+/// frames) the rewriter holds. h2 itself takes at most six frames of 16 KiB
+/// for a block (hyper's 16 KiB header list limit); a larger one ends the
+/// connection.
+pub const MAX_BLOCK: usize = 128 << 10;
+
+/// The most a decoded header list may weigh (the RFC's size: name, value and
+/// 32 bytes a field), four times hyper's limit: h2 still answers a list over
+/// its own limit as it does without the rewriter; a larger one ends the
+/// connection.
+pub const MAX_HEADER_LIST: usize = 64 << 10;
+
+/// Frame types (RFC 9113, 6).
+mod ty {
+    pub const HEADERS: u8 = 0x1;
+    pub const PUSH_PROMISE: u8 = 0x5;
+    pub const CONTINUATION: u8 = 0x9;
+}
+
+/// Frame flags (RFC 9113, 6.2 and 6.10).
+mod flag {
+    pub const END_STREAM: u8 = 0x1;
+    pub const END_HEADERS: u8 = 0x4;
+    pub const PADDED: u8 = 0x8;
+    pub const PRIORITY: u8 = 0x20;
+}
+
+/// Why the rewriter stopped passing the connection on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the header block is not valid HPACK")]
+    Hpack,
+    #[error("the header block is larger than {MAX_BLOCK} bytes")]
+    BlockTooLarge,
+    #[error("the header list weighs more than {MAX_HEADER_LIST} bytes")]
+    ListTooLarge,
+    #[error("a HEADERS frame's padding or priority does not fit in it")]
+    BadPadding,
+    #[error("a header block is interrupted or continued out of turn")]
+    Continuation,
+    #[error("a client sent PUSH_PROMISE")]
+    PushPromise,
+}
+
+/// Where the rewriter is in the client's byte stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Matching the connection preface; this many bytes matched so far.
+    Preface(usize),
+    /// At a frame boundary.
+    Frame,
+    /// Inside a frame that goes through as it is; this many bytes to go.
+    Raw(usize),
+    /// Not HTTP/2 with prior knowledge: everything goes through as it is (the
+    /// server refuses it).
+    Passthrough,
+    /// A header block was refused: nothing more goes through.
+    Refused(Refusal),
+}
+
+/// A header block being collected from HEADERS and CONTINUATION frames.
+struct Block {
+    stream_id: u32,
+    end_stream: bool,
+    /// The HEADERS frame's stream dependency and weight, if it had them.
+    priority: Option<[u8; 5]>,
+    fragment: Vec<u8>,
+}
+
+/// The rewriter of one connection (see the module documentation).
+pub struct Rewriter {
+    state: State,
+    decoder: Decoder<'static>,
+    encoder: Encoder<'static>,
+    block: Option<Block>,
+    /// Every `:authority` value replaced so far, for the caller to log; the
+    /// caller takes them.
+    replaced: Vec<Vec<u8>>,
+}
+
+impl Default for Rewriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Rewriter {
+    pub fn new() -> Self {
+        let mut decoder = Decoder::new();
+        decoder.set_max_allowed_table_size(SERVER_HEADER_TABLE_SIZE);
+        let mut encoder = Encoder::new();
+        // No dynamic table: an entry the encoder adds is evicted at once, so it
+        // only ever refers to the static table.
+        encoder.set_max_table_size(0);
+        Rewriter {
+            state: State::Preface(0),
+            decoder,
+            encoder,
+            block: None,
+            replaced: Vec::new(),
+        }
+    }
+
+    /// Why the rewriter stopped passing the connection on, if it did.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self.state {
+            State::Refused(why) => Some(why),
+            _ => None,
+        }
+    }
+
+    /// The `:authority` values replaced since the last call.
+    pub fn take_replaced(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.replaced)
+    }
+
+    /// Consumes what it can of `input` (the client's bytes, in order) and
+    /// appends to `out` what the server is to read. What is left in `input` is
+    /// an incomplete frame header or header block frame: call again with more
+    /// appended.
+    pub fn feed(&mut self, input: &mut BytesMut, out: &mut BytesMut) {
+        loop {
+            match self.state {
+                State::Preface(matched) => {
+                    let n = input.len().min(PREFACE.len() - matched);
+                    if input[..n] != PREFACE[matched..matched + n] {
+                        // Whatever this is, it is not ours to judge (what
+                        // matched so far has gone through already).
+                        self.state = State::Passthrough;
+                        continue;
+                    }
+                    out.unsplit(input.split_to(n));
+                    if matched + n < PREFACE.len() {
+                        self.state = State::Preface(matched + n);
+                        return;
+                    }
+                    self.state = State::Frame;
+                }
+                State::Passthrough => {
+                    out.unsplit(input.split_to(input.len()));
+                    return;
+                }
+                State::Refused(_) => {
+                    input.clear();
+                    return;
+                }
+                State::Raw(remaining) => {
+                    let n = input.len().min(remaining);
+                    out.unsplit(input.split_to(n));
+                    if n < remaining {
+                        self.state = State::Raw(remaining - n);
+                        return;
+                    }
+                    self.state = State::Frame;
+                }
+                State::Frame => {
+                    if !self.frame(input, out) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles the frame at the start of `input`; false if it is not all
+    /// there yet.
+    fn frame(&mut self, input: &mut BytesMut, out: &mut BytesMut) -> bool {
+        let Some(head) = input.get(..FRAME_HEADER_LEN) else {
+            return false;
+        };
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let frame_type = head[3];
+        let flags = head[4];
+        let stream_id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+
+        let in_block = self.block.as_ref().map(|b| b.stream_id);
+        match (frame_type, in_block) {
+            (ty::CONTINUATION, Some(id)) if id == stream_id => {}
+            (_, Some(id)) => {
+                self.refuse(Refusal::Continuation, id, out);
+                return true;
+            }
+            (ty::CONTINUATION, None) => {
+                self.refuse(Refusal::Continuation, stream_id, out);
+                return true;
+            }
+            (ty::PUSH_PROMISE, None) => {
+                self.refuse(Refusal::PushPromise, stream_id, out);
+                return true;
+            }
+            (ty::HEADERS, None) => {}
+            (_, None) => {
+                out.unsplit(input.split_to(FRAME_HEADER_LEN));
+                self.state = State::Raw(len);
+                return true;
+            }
+        }
+
+        // A header block frame: held whole, within the block's limit.
+        let held = self.block.as_ref().map_or(0, |b| b.fragment.len());
+        if held + len > MAX_BLOCK {
+            self.refuse(Refusal::BlockTooLarge, stream_id, out);
+            return true;
+        }
+        if input.len() < FRAME_HEADER_LEN + len {
+            return false;
+        }
+        input.advance(FRAME_HEADER_LEN);
+        let payload = input.split_to(len);
+        if frame_type == ty::HEADERS {
+            match headers_fragment(flags, &payload) {
+                Some((priority, fragment)) => {
+                    self.block = Some(Block {
+                        stream_id,
+                        end_stream: flags & flag::END_STREAM != 0,
+                        priority,
+                        fragment: fragment.to_vec(),
+                    });
+                }
+                None => {
+                    self.refuse(Refusal::BadPadding, stream_id, out);
+                    return true;
+                }
+            }
+        } else if let Some(block) = &mut self.block {
+            block.fragment.extend_from_slice(&payload);
+        }
+        if flags & flag::END_HEADERS != 0 {
+            if let Some(block) = self.block.take() {
+                if let Err(why) = self.rewrite(&block, out) {
+                    self.refuse(why, block.stream_id, out);
+                }
+            }
+        }
+        true
+    }
+
+    /// Decodes a whole header block and writes it again, with its authority
+    /// made valid, as HEADERS and CONTINUATION frames.
+    fn rewrite(&mut self, block: &Block, out: &mut BytesMut) -> Result<(), Refusal> {
+        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut weight = 0usize;
+        let mut too_large = false;
+        let replaced = &mut self.replaced;
+        self.decoder
+            .decode_with_cb(&block.fragment, |name, value| {
+                // The decoder cannot be stopped: past the limit, only count.
+                weight += name.len() + value.len() + 32;
+                if too_large || weight > MAX_HEADER_LIST {
+                    too_large = true;
+                    return;
+                }
+                let value = if &name[..] == b":authority" && !is_authority(&value[..]) {
+                    replaced.push(value.into_owned());
+                    LOCALHOST.to_vec()
+                } else {
+                    value.into_owned()
+                };
+                fields.push((name.into_owned(), value));
+            })
+            .map_err(|_| Refusal::Hpack)?;
+        if too_large {
+            return Err(Refusal::ListTooLarge);
+        }
+        let encoded = self
+            .encoder
+            .encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+
+        let mut first = true;
+        let mut rest = &encoded[..];
+        loop {
+            let (frame_type, mut flags, room) = if first {
+                let mut flags = 0;
+                if block.end_stream {
+                    flags |= flag::END_STREAM;
+                }
+                let priority_len = if block.priority.is_some() {
+                    flags |= flag::PRIORITY;
+                    5
+                } else {
+                    0
+                };
+                (ty::HEADERS, flags, MAX_FRAME_PAYLOAD - priority_len)
+            } else {
+                (ty::CONTINUATION, 0, MAX_FRAME_PAYLOAD)
+            };
+            let n = rest.len().min(room);
+            if n == rest.len() {
+                flags |= flag::END_HEADERS;
+            }
+            let priority = block.priority.filter(|_| first);
+            let payload_len = n + priority.map_or(0, |p| p.len());
+            put_frame_header(out, payload_len, frame_type, flags, block.stream_id);
+            if let Some(priority) = priority {
+                out.put_slice(&priority);
+            }
+            out.put_slice(&rest[..n]);
+            rest = &rest[n..];
+            first = false;
+            if rest.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Hands the server a header block it refuses (so it ends the connection
+    /// with a GOAWAY) and drops everything after.
+    fn refuse(&mut self, why: Refusal, stream_id: u32, out: &mut BytesMut) {
+        // Index 0 is never valid (RFC 7541, 6.1). The stream id is the
+        // client's where it has one, so the server gets as far as decoding.
+        put_frame_header(out, 1, ty::HEADERS, flag::END_HEADERS, stream_id.max(1));
+        out.put_u8(0x80);
+        self.block = None;
+        self.state = State::Refused(why);
+    }
+}
+
+/// Whether the server's HTTP stack takes `value` as an `:authority`.
+fn is_authority(value: &[u8]) -> bool {
+    http::uri::Authority::try_from(value).is_ok()
+}
+
+/// A HEADERS frame's priority fields and header block fragment; `None` if
+/// the padding or the priority does not fit in the payload.
+fn headers_fragment(flags: u8, payload: &[u8]) -> Option<(Option<[u8; 5]>, &[u8])> {
+    let mut rest = payload;
+    let mut pad = 0;
+    if flags & flag::PADDED != 0 {
+        let (&len, after) = rest.split_first()?;
+        pad = usize::from(len);
+        rest = after;
+    }
+    let mut priority = None;
+    if flags & flag::PRIORITY != 0 {
+        let (fields, after) = rest.split_first_chunk::<5>()?;
+        priority = Some(*fields);
+        rest = after;
+    }
+    let end = rest.len().checked_sub(pad)?;
+    Some((priority, &rest[..end]))
+}
+
+fn put_frame_header(out: &mut BytesMut, len: usize, frame_type: u8, flags: u8, stream_id: u32) {
+    let len = u32::try_from(len).expect("frames the rewriter writes are small");
+    out.put_slice(&len.to_be_bytes()[1..]);
+    out.put_u8(frame_type);
+    out.put_u8(flags);
+    out.put_u32(stream_id & 0x7fff_ffff);
+}

@@ -1,0 +1,148 @@
+//! fnrun's RunFunction and server reflection through gRPC libraries other than
+//! tonic: Python's grpcio (grpc-core) and grpc-go, as Crossplane, tools and
+//! users run them, each dialing the way its library does.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+
+use crate::go::Toolchain;
+use crate::python::Python;
+use crate::tool_cache::Protos;
+
+/// How a call ended, as the client library reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// `OK` or the status code's name in the library's spelling
+    /// (`INVALID_ARGUMENT` in Python, `InvalidArgument` in Go).
+    pub code: String,
+    /// The status message.
+    pub message: String,
+    /// The output FunctionIO of a successful call.
+    pub output: String,
+}
+
+impl Outcome {
+    /// Whether the call failed with `code` (in either spelling, e.g.
+    /// `INVALID_ARGUMENT`).
+    pub fn is(&self, code: &str) -> bool {
+        self.code
+            .replace('_', "")
+            .eq_ignore_ascii_case(&code.replace('_', ""))
+    }
+}
+
+fn field(value: &serde_json::Value, name: &str) -> Result<String> {
+    value[name]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("no string {name:?} in {value}"))
+}
+
+/// RunFunction with Python's grpcio on its own channel for `target`
+/// (`unix:PATH`, `unix-abstract:NAME` or `HOST:PORT`).
+pub fn python_run_function(target: &str, image: &str, input: &[u8]) -> Result<Outcome> {
+    let python = Python::get()?;
+    let stubs = python.stubs(&[Protos::fnrun_v1alpha1()])?;
+    let result = python.run_json(
+        "run_function.py",
+        &["--target", target, "--image", image],
+        &stubs,
+        Some(input),
+    )?;
+    Ok(Outcome {
+        code: field(&result, "code")?,
+        message: field(&result, "details")?,
+        output: field(&result, "output")?,
+    })
+}
+
+/// What grpcio-reflection's client (reflection v1alpha) found.
+#[derive(Debug, Clone)]
+pub struct Reflected {
+    /// The services the server lists.
+    pub services: Vec<String>,
+    /// The file that defines the symbol asked for: its name and package.
+    pub file: (String, String),
+    /// That file's services and their methods.
+    pub methods: Vec<(String, Vec<String>)>,
+}
+
+/// Server reflection v1alpha with grpcio-reflection: the services, and the
+/// file that defines `symbol`.
+pub fn python_reflection(target: &str, symbol: &str) -> Result<Reflected> {
+    let python = Python::get()?;
+    let result = python.run_json(
+        "reflection.py",
+        &["--target", target, "--symbol", symbol],
+        &python.stubs(&[Protos::fnrun_v1alpha1()])?,
+        None,
+    )?;
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let file = &result["file"];
+    let methods = file["services"]
+        .as_object()
+        .map(|o| o.iter().map(|(k, v)| (k.clone(), strings(v))).collect())
+        .unwrap_or_default();
+    Ok(Reflected {
+        services: strings(&result["services"]),
+        file: (field(file, "name")?, field(file, "package")?),
+        methods,
+    })
+}
+
+/// How grpc-go dials, which decides the `:authority` it sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GoDial {
+    /// Its own unix support: target `unix:PATH` (`:authority` localhost).
+    Unix(PathBuf),
+    /// Target `PATH` and a dialer of its own (`:authority` the path).
+    PathWithDialer(PathBuf),
+    /// Target `unix-abstract:NAME` and a dialer of its own (`:authority` the
+    /// whole target).
+    AbstractWithDialer(String),
+    /// Target `HOST:PORT`, over TCP.
+    Tcp(String),
+}
+
+/// The `runfunction` Go client (`tests/go/runfunction`), built once.
+pub fn go_runfunction() -> Result<PathBuf> {
+    Toolchain::find()?.build("runfunction", &[Protos::fnrun_v1alpha1()])
+}
+
+/// RunFunction with grpc-go, dialing as `dial` says.
+pub fn go_run_function(dial: &GoDial, image: &str, input: &[u8]) -> Result<Outcome> {
+    let bin = go_runfunction()?;
+    let (target, dialer) = match dial {
+        GoDial::Unix(path) => (format!("unix:{}", path.display()), None),
+        GoDial::PathWithDialer(path) => (path.display().to_string(), Some("unix")),
+        GoDial::AbstractWithDialer(name) => {
+            (format!("unix-abstract:{name}"), Some("unix-abstract"))
+        }
+        GoDial::Tcp(addr) => (addr.clone(), None),
+    };
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["-target", &target, "-image", image, "-input", "-"]);
+    if let Some(dialer) = dialer {
+        cmd.args(["-dial", dialer]);
+    }
+    let out = crate::process::run_capture(&mut cmd, Some(input), crate::python::GUARD);
+    if out.code != Some(0) {
+        bail!("runfunction {target} failed: {}", out.describe());
+    }
+    let result: serde_json::Value = serde_json::from_str(&out.stdout)
+        .with_context(|| format!("runfunction printed no JSON object: {}", out.describe()))?;
+    Ok(Outcome {
+        code: field(&result, "code")?,
+        message: field(&result, "message")?,
+        output: field(&result, "output")?,
+    })
+}
