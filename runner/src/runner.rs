@@ -7,13 +7,15 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use fnrun_api::{functionio, text};
-use fnrun_cache::{Cache, Credentials, ErrorKind, GetOptions, Got, ImageRef, PullPolicy};
-use fnrun_sandbox::{IdMap, Limits, Network, RunSpec, Sandbox, Status};
+use fnrun_cache::{
+    Cache, Credentials, ErrorKind, GetOptions, Got, Image, ImageRef, Lease, PullPolicy,
+};
+use fnrun_sandbox::{Limits, Network, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::error::{IMAGE_REF_MAX, LINE_MAX, RunError, bounded};
+use crate::image_spec::{self, SpecOptions};
 use crate::metrics::Metrics;
-use crate::user;
 
 /// Default function timeout (SPEC.md).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);
@@ -251,24 +253,24 @@ impl Runner {
         }
     }
 
-    async fn run_inner(&self, req: RunRequest) -> Result<RunOutput, RunError> {
-        // Everything about the request is checked before any work starts.
-        functionio::validate(&req.input).map_err(RunError::InvalidInput)?;
-        if req.timeout.is_zero() {
-            return Err(RunError::InvalidRequest("timeout must be positive".into()));
-        }
-        let reference = self.cache.parse_reference(&req.image)?;
+    /// Parses an image reference and checks it against `--allowed-registry`.
+    pub fn reference(&self, image: &str) -> Result<ImageRef, RunError> {
+        let reference = self.cache.parse_reference(image)?;
         self.check_registry(&reference)?;
+        Ok(reference)
+    }
 
-        let _slot = self.admit().await?;
-        let _running = Gauge::enter(&self.metrics.in_flight);
-
+    /// The image from the cache (pulled if the policy says so), leased against
+    /// pruning until the lease is dropped; counted in the pull and cache metrics.
+    pub async fn image(
+        &self,
+        reference: &ImageRef,
+        policy: PullPolicy,
+        credentials: Credentials,
+    ) -> Result<(Image, Option<Lease>), RunError> {
         let pull_start = Instant::now();
-        // The lease keeps the image's layers from being pruned until the run ends.
-        let options = GetOptions::new(req.pull_policy)
-            .credentials(req.credentials.clone())
-            .leased();
-        let (image, _lease) = match self.cache.get(&reference, options).await {
+        let options = GetOptions::new(policy).credentials(credentials).leased();
+        match self.cache.get(reference, options).await {
             Ok(Got { image, lease }) => {
                 if image.pulled {
                     self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
@@ -277,60 +279,42 @@ impl Runner {
                 } else {
                     self.metrics.cache_hits.fetch_add(1, Ordering::Relaxed);
                 }
-                (image, lease)
+                Ok((image, lease))
             }
             Err(e) => {
                 if !matches!(e.kind(), ErrorKind::NotCached | ErrorKind::InvalidReference) {
                     self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
                     self.metrics.pulls_failed.fetch_add(1, Ordering::Relaxed);
                 }
-                return Err(e.into());
+                Err(e.into())
             }
-        };
+        }
+    }
 
-        let exec_user = user::for_image(&image)?;
-        let (uid, gid, groups) = match self.sandbox.config().id_map {
-            IdMap::Range { .. } => (exec_user.uid, exec_user.gid, exec_user.groups),
-            IdMap::Own { .. } => {
-                if exec_user.uid != 0 || exec_user.gid != 0 {
-                    tracing::debug!(
-                        image = image.reference,
-                        user = image.config.user,
-                        "rootless runner maps one id: running the function as 0:0"
-                    );
-                }
-                (0, 0, Vec::new())
-            }
-        };
-        let mut argv = image.config.entrypoint.clone();
-        argv.extend(image.config.cmd.iter().cloned());
-        let mut env = image.config.env.clone();
-        if !env.iter().any(|e| e.starts_with("PATH=")) {
-            env.push(format!("PATH={}", fnrun_sandbox::DEFAULT_PATH));
+    async fn run_inner(&self, req: RunRequest) -> Result<RunOutput, RunError> {
+        // Everything about the request is checked before any work starts.
+        functionio::validate(&req.input).map_err(RunError::InvalidInput)?;
+        if req.timeout.is_zero() {
+            return Err(RunError::InvalidRequest("timeout must be positive".into()));
         }
-        if !env.iter().any(|e| e.starts_with("HOME=")) {
-            env.push(format!("HOME={}", exec_user.home));
-        }
-        let workdir = if image.config.working_dir.is_empty() {
-            "/".to_owned()
-        } else {
-            image.config.working_dir.clone()
-        };
-        let spec = RunSpec {
-            layers: image.layers.clone(),
-            argv,
-            env,
-            workdir,
-            uid,
-            gid,
-            groups,
+        let reference = self.reference(&req.image)?;
+
+        let _slot = self.admit().await?;
+        let _running = Gauge::enter(&self.metrics.in_flight);
+
+        let (image, _lease) = self
+            .image(&reference, req.pull_policy, req.credentials.clone())
+            .await?;
+        let options = SpecOptions {
             network: req.network,
             limits: Limits {
                 memory_bytes: req.memory_bytes,
                 cpu_millis: req.cpu_millis,
                 pids: None,
             },
+            ..SpecOptions::default()
         };
+        let spec = image_spec::run_spec(&image, &self.sandbox.config().id_map, &options)?;
         let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await?;
         let stderr = String::from_utf8_lossy(&outcome.stderr_tail).into_owned();
         match outcome.status {
