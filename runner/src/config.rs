@@ -137,6 +137,8 @@ pub struct ServeArgs {
     pub cache: CacheArgs,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub functions: crate::host::args::FunctionsArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

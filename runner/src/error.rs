@@ -97,6 +97,9 @@ pub enum RunError {
         error: fnrun_api::functionio::Error,
         stderr: String,
     },
+    /// A call to a Crossplane function of the function host.
+    #[error(transparent)]
+    Host(#[from] crate::host::HostError),
 }
 
 /// `; stderr: TAIL`, the tail bounded to [`STDERR_QUOTE_MAX`]; nothing if the
@@ -154,6 +157,7 @@ impl RunError {
             | RunError::InvalidOutput { .. } => Class::Aborted,
             RunError::TimedOut { .. } => Class::DeadlineExceeded,
             RunError::OutOfMemory { .. } => Class::ResourceExhausted,
+            RunError::Host(e) => e.class(),
         }
     }
 
@@ -173,6 +177,7 @@ impl RunError {
             RunError::OutOfMemory { .. } => "out_of_memory",
             RunError::OutputTooLarge { .. } => "output_too_large",
             RunError::InvalidOutput { .. } => "invalid_output",
+            RunError::Host(e) => e.outcome(),
         }
     }
 }

@@ -7,6 +7,7 @@ mod config;
 mod credential_helper;
 mod docker_config;
 mod error;
+mod host;
 mod image_spec;
 mod listen;
 mod metrics;

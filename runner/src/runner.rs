@@ -30,6 +30,8 @@ pub struct RunRequest {
     pub network: Network,
     pub memory_bytes: Option<u64>,
     pub cpu_millis: Option<u64>,
+    /// Processes and threads; `None`: the sandbox's default limit.
+    pub pids: Option<u64>,
     pub timeout: Duration,
 }
 
@@ -44,6 +46,7 @@ impl RunRequest {
             network: Network::Isolated,
             memory_bytes: None,
             cpu_millis: None,
+            pids: None,
             timeout: DEFAULT_TIMEOUT,
         }
     }
@@ -167,6 +170,11 @@ impl Runner {
 
     pub fn cache(&self) -> &Cache {
         &self.cache
+    }
+
+    /// The cache, shared: for work off the runtime's threads.
+    pub fn cache_handle(&self) -> Arc<Cache> {
+        self.cache.clone()
     }
 
     pub fn sandbox(&self) -> &Sandbox {
@@ -310,7 +318,7 @@ impl Runner {
             limits: Limits {
                 memory_bytes: req.memory_bytes,
                 cpu_millis: req.cpu_millis,
-                pids: None,
+                pids: req.pids,
             },
             ..SpecOptions::default()
         };
