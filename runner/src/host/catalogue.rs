@@ -163,16 +163,9 @@ impl Catalogue {
         Catalogue::new(defs)
     }
 
+    #[cfg(test)]
     pub fn get(&self, name: &str) -> Option<&Arc<FunctionDef>> {
         self.functions.get(name)
-    }
-
-    pub fn len(&self) -> usize {
-        self.functions.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.functions.is_empty()
     }
 
     /// Every function, by name.

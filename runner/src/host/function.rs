@@ -148,17 +148,32 @@ impl Function {
         !matches!(self.lock().state, State::Stopped)
     }
 
-    /// The running instance, if any.
-    pub fn instance(&self) -> Option<Arc<Instance>> {
-        match &self.lock().state {
-            State::Running(instance) => Some(instance.clone()),
-            _ => None,
+    /// Gets ready now rather than at the first call: starts the server
+    /// (server mode) or fetches the image (FunctionIO mode).
+    pub async fn prepare(self: &Arc<Self>) -> Result<(), HostError> {
+        match self.def.mode {
+            Mode::Server => {
+                // A pull may take long; the server's start has its own timeout.
+                let budget = Duration::from_secs(3600);
+                self.ready_instance(Instant::now() + budget, budget)
+                    .await
+                    .map(drop)
+            }
+            Mode::FunctionIo => {
+                let failed = |error: RunError| HostError::StartFailed {
+                    function: self.def.name.clone(),
+                    error: Arc::new(error),
+                };
+                let credentials = instance::credentials(&self.ctx.runner, &self.def).await?;
+                let runner = &self.ctx.runner;
+                let reference = runner.reference(&self.def.image).map_err(failed)?;
+                runner
+                    .image(&reference, self.def.pull_policy, credentials)
+                    .await
+                    .map_err(failed)
+                    .map(drop)
+            }
         }
-    }
-
-    /// Calls in flight or waiting.
-    pub fn calls(&self) -> usize {
-        self.lock().calls
     }
 
     fn enter(&self) -> CallGuard<'_> {

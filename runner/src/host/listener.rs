@@ -70,8 +70,12 @@ pub fn serve(
 ) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>> {
     match (listener, tls) {
         (Listener::Unix(l, _), _) => {
-            let incoming = UnixListenerStream::new(l)
-                .map_ok(|s| FnConn::new(Io::Unix(NormalizeAuthority::new(s)), ConnInfo::default()));
+            let incoming = UnixListenerStream::new(l).map_ok(|s| {
+                FnConn::new(
+                    Io::Unix(Box::new(NormalizeAuthority::new(s))),
+                    ConnInfo::default(),
+                )
+            });
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
         }
         (Listener::Tcp(l), None) => {
@@ -137,7 +141,7 @@ pub struct FnConn {
 enum Io {
     Tcp(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-    Unix(NormalizeAuthority<UnixStream>),
+    Unix(Box<NormalizeAuthority<UnixStream>>),
 }
 
 impl FnConn {
@@ -163,7 +167,7 @@ impl AsyncRead for FnConn {
         match &mut self.get_mut().io {
             Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Io::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Unix(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -177,7 +181,7 @@ impl AsyncWrite for FnConn {
         match &mut self.get_mut().io {
             Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Io::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Unix(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -189,7 +193,7 @@ impl AsyncWrite for FnConn {
         match &mut self.get_mut().io {
             Io::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            Io::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Unix(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -205,7 +209,7 @@ impl AsyncWrite for FnConn {
         match &mut self.get_mut().io {
             Io::Tcp(s) => Pin::new(s).poll_flush(cx),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Io::Unix(s) => Pin::new(s).poll_flush(cx),
+            Io::Unix(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
@@ -213,7 +217,7 @@ impl AsyncWrite for FnConn {
         match &mut self.get_mut().io {
             Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Io::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Unix(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }

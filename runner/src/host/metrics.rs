@@ -52,17 +52,6 @@ impl FunctionMetrics {
             .retain(|(f, _), _| f.is_empty() || names.contains(&f.as_str()));
     }
 
-    /// The calls counted for `function` with `code`.
-    #[cfg(test)]
-    pub fn calls(&self, function: &str, code: Code) -> u64 {
-        self.calls
-            .lock()
-            .unwrap()
-            .get(&(function.to_owned(), code as i32))
-            .copied()
-            .unwrap_or(0)
-    }
-
     pub fn render(&self, out: &mut String) {
         let _ = writeln!(
             out,

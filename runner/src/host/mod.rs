@@ -103,24 +103,11 @@ impl Host {
         }
     }
 
-    pub fn runner(&self) -> &Arc<Runner> {
-        &self.ctx.runner
-    }
-
-    pub fn routing(&self) -> &Routing {
-        &self.routing
-    }
-
     fn current(&self) -> Arc<BTreeMap<String, Arc<Function>>> {
         self.functions
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
-    }
-
-    /// The names of the current catalogue, in order.
-    pub fn names(&self) -> Vec<String> {
-        self.current().keys().cloned().collect()
     }
 
     /// The function `name` of the current catalogue.
