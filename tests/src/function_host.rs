@@ -416,3 +416,56 @@ pub fn alive(pid: i32) -> bool {
         })
         .is_some_and(|rest| !rest.starts_with('Z'))
 }
+
+/// The parent pid of `pid`.
+fn parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `argv[0]` of `pid`.
+fn program(pid: i32) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let first = cmdline.split(|b| *b == 0).next()?;
+    Some(String::from_utf8_lossy(first).into_owned())
+}
+
+/// Live processes descended from `ancestor` whose `argv[0]` is `program`:
+/// a daemon's function servers (they run in PID namespaces of their own,
+/// but their host pids descend from the daemon).
+pub fn descendants_named(ancestor: u32, name: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let ancestor = ancestor as i32;
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| alive(*pid) && program(*pid).as_deref() == Some(name))
+        .filter(|pid| {
+            let mut p = *pid;
+            for _ in 0..64 {
+                match parent(p) {
+                    Some(q) if q == ancestor => return true,
+                    Some(q) if q > 1 => p = q,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+/// Waits up to `timeout` until [`descendants_named`] is empty; returns what
+/// is left.
+pub fn leftover_servers(ancestor: u32, name: &str, timeout: Duration) -> Vec<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let pids = descendants_named(ancestor, name);
+        if pids.is_empty() || Instant::now() >= deadline {
+            return pids;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

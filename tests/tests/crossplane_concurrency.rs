@@ -24,8 +24,11 @@ fn concurrent_calls_share_one_warm_instance_started_once() {
         return;
     }
     let image = image(Duration::from_millis(20));
-    let host = FunctionHost::start(HostOpts::insecure(vec![Entry::new("fn-a", &image.oci_ref())]))
-        .unwrap();
+    let host = FunctionHost::start(HostOpts::insecure(vec![Entry::new(
+        "fn-a",
+        &image.oci_ref(),
+    )]))
+    .unwrap();
     // 16 calls at once find the function stopped: one start serves them all.
     let bench = host
         .call("fn-a")
