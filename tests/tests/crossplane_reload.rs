@@ -24,20 +24,23 @@ fn sighup_replaces_removes_and_adds_functions_without_dropping_calls() {
     if !require_root("sighup_replaces_removes_and_adds_functions_without_dropping_calls") {
         return;
     }
-    let image = GoFunction::new(Variant::Label).image().unwrap().build().unwrap();
+    let image = GoFunction::new(Variant::Label)
+        .image()
+        .unwrap()
+        .build()
+        .unwrap();
     let image = image.oci_ref();
-    let a_v1 = Entry::new("fn-a", &image).set(
-        "args",
-        vec!["--label=fnrun.dev/by=a-v1", "--delay=3s"],
-    );
+    let a_v1 =
+        Entry::new("fn-a", &image).set("args", vec!["--label=fnrun.dev/by=a-v1", "--delay=3s"]);
     let b = Entry::new("fn-b", &image).set("args", vec!["--label=fnrun.dev/by=b", "--delay=3s"]);
     let d = Entry::new("fn-d", &image).set("args", vec!["--label=fnrun.dev/by=d"]);
-    let host = FunctionHost::start(
-        HostOpts::insecure(vec![a_v1, b, d.clone()]).tls(HostTls::Mint),
-    )
-    .unwrap();
+    let host = FunctionHost::start(HostOpts::insecure(vec![a_v1, b, d.clone()]).tls(HostTls::Mint))
+        .unwrap();
     // Warm fn-d: it is kept as it is.
-    assert_eq!(label(&host.call("fn-d").request(SAMPLE_REQUEST).run().unwrap()), "d");
+    assert_eq!(
+        label(&host.call("fn-d").request(SAMPLE_REQUEST).run().unwrap()),
+        "d"
+    );
     let d_pid = host.server_pids("fn-d")[0];
 
     // Slow calls to fn-a and fn-b are in flight during the reload.
@@ -59,14 +62,25 @@ fn sighup_replaces_removes_and_adds_functions_without_dropping_calls() {
     host.reload(&[a_v2, c, d]).unwrap();
     let log = host.log();
     assert!(
-        log.contains("functions reloaded added=[\"fn-c\"] replaced=[\"fn-a\"] removed=[\"fn-b\"] kept=1"),
+        log.contains(
+            "functions reloaded added=[\"fn-c\"] replaced=[\"fn-a\"] removed=[\"fn-b\"] kept=1"
+        ),
         "{log}"
     );
 
     // New calls: fn-a's new definition, fn-c, fn-d's same server; fn-b is gone.
-    assert_eq!(label(&host.call("fn-a").request(SAMPLE_REQUEST).run().unwrap()), "a-v2");
-    assert_eq!(label(&host.call("fn-c").request(SAMPLE_REQUEST).run().unwrap()), "c");
-    assert_eq!(label(&host.call("fn-d").request(SAMPLE_REQUEST).run().unwrap()), "d");
+    assert_eq!(
+        label(&host.call("fn-a").request(SAMPLE_REQUEST).run().unwrap()),
+        "a-v2"
+    );
+    assert_eq!(
+        label(&host.call("fn-c").request(SAMPLE_REQUEST).run().unwrap()),
+        "c"
+    );
+    assert_eq!(
+        label(&host.call("fn-d").request(SAMPLE_REQUEST).run().unwrap()),
+        "d"
+    );
     assert_eq!(host.server_pids("fn-d"), [d_pid]);
     // fn-b's certificate went with it: its name no longer gets a handshake.
     let outcome = host.call("fn-b").request(SAMPLE_REQUEST).run().unwrap();
@@ -94,11 +108,23 @@ fn a_functions_file_that_cannot_be_used_changes_nothing() {
     if !require_root("a_functions_file_that_cannot_be_used_changes_nothing") {
         return;
     }
-    let image = GoFunction::new(Variant::Label).image().unwrap().build().unwrap();
-    let host =
-        FunctionHost::start(HostOpts::insecure(vec![Entry::new("fn-a", &image.oci_ref())]))
-            .unwrap();
-    assert!(host.call("fn-a").request(SAMPLE_REQUEST).run().unwrap().is_ok());
+    let image = GoFunction::new(Variant::Label)
+        .image()
+        .unwrap()
+        .build()
+        .unwrap();
+    let host = FunctionHost::start(HostOpts::insecure(vec![Entry::new(
+        "fn-a",
+        &image.oci_ref(),
+    )]))
+    .unwrap();
+    assert!(
+        host.call("fn-a")
+            .request(SAMPLE_REQUEST)
+            .run()
+            .unwrap()
+            .is_ok()
+    );
     let pid = host.server_pids("fn-a")[0];
     for (bad, wanted) in [
         (
@@ -111,7 +137,10 @@ fn a_functions_file_that_cannot_be_used_changes_nothing() {
             "function \"fn-a\" is defined twice",
         ),
         (
-            format!("functions:\n- {{name: {}, image: x}}\n", "x".repeat(100_000)),
+            format!(
+                "functions:\n- {{name: {}, image: x}}\n",
+                "x".repeat(100_000)
+            ),
             "is not a DNS label",
         ),
     ] {
@@ -124,7 +153,13 @@ fn a_functions_file_that_cannot_be_used_changes_nothing() {
         assert!(line.contains(wanted), "{line}");
         assert!(line.len() < 5000, "{} bytes", line.len());
         // Still served, by the same server.
-        assert!(host.call("fn-a").request(SAMPLE_REQUEST).run().unwrap().is_ok());
+        assert!(
+            host.call("fn-a")
+                .request(SAMPLE_REQUEST)
+                .run()
+                .unwrap()
+                .is_ok()
+        );
         assert_eq!(host.server_pids("fn-a"), [pid]);
     }
     // A missing file too.
@@ -132,5 +167,11 @@ fn a_functions_file_that_cannot_be_used_changes_nothing() {
     host.daemon().signal(nix::sys::signal::Signal::SIGHUP);
     host.wait_log("functions not reloaded", 5, Duration::from_secs(10))
         .unwrap();
-    assert!(host.call("fn-a").request(SAMPLE_REQUEST).run().unwrap().is_ok());
+    assert!(
+        host.call("fn-a")
+            .request(SAMPLE_REQUEST)
+            .run()
+            .unwrap()
+            .is_ok()
+    );
 }
