@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -59,18 +59,10 @@ impl Api {
         }
     }
 
-    fn code(self) -> u8 {
+    fn index(self) -> usize {
         match self {
-            Api::V1 => 1,
-            Api::V1beta1 => 2,
-        }
-    }
-
-    fn from_code(code: u8) -> Option<Api> {
-        match code {
-            1 => Some(Api::V1),
-            2 => Some(Api::V1beta1),
-            _ => None,
+            Api::V1 => 0,
+            Api::V1beta1 => 1,
         }
     }
 }
@@ -91,8 +83,9 @@ pub struct Instance {
     exit: ExitWatch,
     upstream: Mutex<Upstream>,
     reconnect: tokio::sync::Mutex<()>,
-    /// The API the server last answered on (0: none yet).
-    answers: AtomicU8,
+    /// Per API: the server answered UNIMPLEMENTED on it and served the
+    /// other, so calls on it go to the other first.
+    unimplemented: [AtomicBool; 2],
     pub started: Instant,
     _lease: Option<Lease>,
 }
@@ -161,7 +154,7 @@ impl Instance {
                 exit,
                 upstream: Mutex::new(upstream),
                 reconnect: tokio::sync::Mutex::new(()),
-                answers: AtomicU8::new(0),
+                unimplemented: [AtomicBool::new(false), AtomicBool::new(false)],
                 started,
                 _lease: lease,
             },
@@ -186,8 +179,8 @@ impl Instance {
 
     /// Sends `message` as a call on `api`; on the server's own
     /// UNIMPLEMENTED, again on the other API (same bytes, other path), as
-    /// Crossplane falls back from v1 to v1beta1. Remembers which API the
-    /// server answers on, so later calls go there first.
+    /// Crossplane falls back from v1 to v1beta1. Remembers an API the server
+    /// does not serve, so later calls on it go to the other at once.
     pub async fn call(
         &self,
         api: Api,
@@ -196,7 +189,11 @@ impl Instance {
         timeout: Duration,
     ) -> Result<Answer, Broken> {
         let upstream = self.upstream().await?;
-        let first = Api::from_code(self.answers.load(Ordering::Relaxed)).unwrap_or(api);
+        let first = if self.unimplemented[api.index()].load(Ordering::Relaxed) {
+            api.other()
+        } else {
+            api
+        };
         let started = Instant::now();
         let answer = upstream
             .unary(
@@ -206,25 +203,23 @@ impl Instance {
                 Some(timeout),
             )
             .await;
-        let (answer, on) = match answer {
+        let answer = match answer {
             Err(status) if status.code() == Code::Unimplemented && !is_transport(&status) => {
                 let other = first.other();
                 let left = timeout.saturating_sub(started.elapsed());
                 let answer = upstream
                     .unary(other.path(), message, metadata, Some(left))
                     .await;
-                (answer, other)
+                if answer.is_ok() {
+                    self.unimplemented[first.index()].store(true, Ordering::Relaxed);
+                }
+                answer
             }
-            answer => (answer, first),
+            answer => answer,
         };
         match answer {
             Err(status) if is_transport(&status) => Err(Broken(status.message().to_owned())),
-            answer => {
-                if !matches!(&answer, Err(s) if s.code() == Code::Unimplemented) {
-                    self.answers.store(on.code(), Ordering::Relaxed);
-                }
-                Ok(answer)
-            }
+            answer => Ok(answer),
         }
     }
 
