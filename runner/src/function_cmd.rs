@@ -262,7 +262,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .context("the function is in the catalogue")?;
         tracing::info!(function = name, image = args.image, "starting the function");
         function.prepare().await?;
-        let (router, _health) = listener::services(host.clone())?;
+        let (router, health) = listener::services(host.clone())?;
+        listener::serving(&health, std::slice::from_ref(&name)).await;
         let listener = addr.bind(args.socket_mode)?;
         let socket_file = match &listener {
             crate::listen::Listener::Unix(_, path) => path.clone(),

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use tokio::task::JoinHandle;
-use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use super::args::FunctionsArgs;
@@ -111,11 +110,7 @@ pub async fn start(
     ));
     host.apply(&catalogue);
     let (router, health) = listener::services(host.clone())?;
-    for name in &names {
-        health
-            .set_service_status(name, ServingStatus::Serving)
-            .await;
-    }
+    listener::serving(&health, &names).await;
     let listener = addr.bind(socket_mode)?;
     let socket_file = match &listener {
         Listener::Unix(_, path) => path.clone(),
@@ -229,11 +224,7 @@ impl Reloader {
             resolver.replace(source.cert_set(&names, &self.namespace)?);
         }
         let changes = self.host.apply(&catalogue);
-        for name in &names {
-            self.health
-                .set_service_status(name, ServingStatus::Serving)
-                .await;
-        }
+        listener::serving(&self.health, &names).await;
         for gone in self.names.iter().filter(|n| !names.contains(n)) {
             self.health.clear_service_status(gone).await;
         }

@@ -61,6 +61,21 @@ pub fn services(host: Arc<Host>) -> anyhow::Result<(Router, HealthReporter)> {
     Ok((router, health_reporter))
 }
 
+/// Says every function of `names` is serving, and so are the two
+/// `FunctionRunnerService`s (and, as always, the listener: `""`).
+pub async fn serving(health: &HealthReporter, names: &[String]) {
+    use tonic_health::ServingStatus::Serving;
+    for service in [
+        fnrun_api::v1::SERVICE_NAME,
+        fnrun_api::v1beta1::SERVICE_NAME,
+    ] {
+        health.set_service_status(service, Serving).await;
+    }
+    for name in names {
+        health.set_service_status(name, Serving).await;
+    }
+}
+
 /// Serves `router` on `listener` (TLS with `tls` on TCP) until `shutdown`.
 pub fn serve(
     router: Router,
