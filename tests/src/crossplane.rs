@@ -5,6 +5,9 @@
 //!   the normal `function-label` and misbehaving [`Variant`]s, run on the host
 //!   ([`GoFunction::start`]) or packaged as an image ([`GoFunction::image`]:
 //!   busybox, the static binary at `/function`, `User: 65532`).
+//! - [`python_sdk_image`]: a function written with the real
+//!   `crossplane-function-sdk-python`, packaged with its interpreter, stdlib,
+//!   packages and shared libraries in an image without busybox, cached.
 //! - [`Call`]: a call as Crossplane's function runner makes it, with grpc-go
 //!   (`tests/go/crossplaneclient`): mTLS with SNI and `:authority` of the
 //!   function's service, ALPN h2 required, v1 then v1beta1 on UNIMPLEMENTED;
@@ -17,7 +20,7 @@
 //! use std::time::Duration;
 //! use fnrun_tests::certs::Certs;
 //! use fnrun_tests::crossplane::{Call, GoFunction, ServerTls, Variant, service_names};
-//! use fnrun_tests::crossplane::SAMPLE_REQUEST;
+//! use fnrun_tests::crossplane::{SAMPLE_REQUEST, python_sdk_image};
 //!
 //! // A function on the host, over mTLS, called as Crossplane calls it.
 //! let certs = Certs::new().unwrap();
@@ -41,16 +44,18 @@
 //!
 //! // Images for fnrun: push them, or run them from their OCI layout.
 //! let hog = GoFunction::new(Variant::MemoryHog).image().unwrap().build().unwrap();
+//! let python = python_sdk_image().unwrap();
 //! let bench = Call::insecure(function.addr())
 //!     .request(SAMPLE_REQUEST)
 //!     .timeout(Duration::from_secs(10))
 //!     .bench(200, 8)
 //!     .unwrap();
-//! # let _ = (hog, bench);
+//! # let _ = (hog, python, bench);
 //! ```
 
 mod client;
 mod go_function;
+mod python_sdk;
 
 use std::path::PathBuf;
 
@@ -60,6 +65,9 @@ pub use self::client::{Api, Bench, Call, ClientTls, Latency, Outcome, TlsSeen, c
 pub use self::go_function::{
     FUNCTION_PATH, FUNCTION_USER, GoFunction, RunningFunction, ServerTls, Variant, function_binary,
     go_function_image,
+};
+pub use self::python_sdk::{
+    PYTHON_SDK_ANNOTATION, PYTHON_SDK_ENTRYPOINT, PYTHON_SDK_NAME, PYTHON_SDK_TAG, python_sdk_image,
 };
 use crate::tool_cache::{self, Key, Protos};
 
