@@ -148,3 +148,56 @@ pub fn protos() -> Result<Vec<Protos>> {
         },
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_request_is_what_its_constants_say() {
+        let request: serde_json::Value =
+            serde_json::from_str(&sample_request_json().unwrap()).unwrap();
+        assert_eq!(request["meta"]["tag"], SAMPLE_TAG);
+        let desired: Vec<&str> = request["desired"]["resources"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(desired, SAMPLE_DESIRED_RESOURCES);
+        assert_eq!(
+            std::fs::read_to_string(sample_request_path()).unwrap(),
+            SAMPLE_REQUEST
+        );
+    }
+
+    #[test]
+    fn service_names_are_crossplanes() {
+        assert_eq!(
+            service_names("fn-a", "crossplane-system"),
+            [
+                "fn-a",
+                "fn-a.crossplane-system",
+                "fn-a.crossplane-system.svc",
+                "fn-a.crossplane-system.svc.cluster.local"
+            ]
+        );
+    }
+
+    #[test]
+    fn v1beta1_is_v1_in_another_package() {
+        let [v1, v1beta1] = <[Protos; 2]>::try_from(protos().unwrap()).unwrap();
+        let read = |p: &Protos| std::fs::read_to_string(p.root.join(&p.files[0])).unwrap();
+        let (v1_text, beta_text) = (read(&v1), read(&v1beta1));
+        assert_ne!(beta_text, v1_text);
+        assert_eq!(
+            beta_text.replace(
+                "package apiextensions.fn.proto.v1beta1;",
+                "package apiextensions.fn.proto.v1;"
+            ),
+            v1_text
+        );
+        assert_eq!(v1.go_package.as_deref(), Some(GO_V1));
+        assert_eq!(v1beta1.go_package.as_deref(), Some(GO_V1BETA1));
+    }
+}

@@ -395,3 +395,55 @@ impl Drop for RunningFunction {
         terminate(&mut self.child, Duration::from_secs(5));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_carry_the_variant_and_every_setting() {
+        assert_eq!(
+            GoFunction::new(Variant::Label).args(),
+            ["--variant=label", "--serve=v1,v1beta1"]
+        );
+        assert_eq!(
+            GoFunction::new(Variant::V1beta1Only).args(),
+            ["--variant=label", "--serve=v1beta1"]
+        );
+        assert_eq!(
+            GoFunction::new(Variant::NetworkProbe)
+                .name("fn-x")
+                .label("a", "b=c")
+                .delay(Duration::from_millis(1500))
+                .probe_loopback(4321)
+                .probe_external(&[])
+                .probe_timeout(Duration::from_secs(1))
+                .args(),
+            [
+                "--variant=network-probe",
+                "--serve=v1,v1beta1",
+                "--name=fn-x",
+                "--label=a=b=c",
+                "--delay=1500ms",
+                "--probe-loopback-port=4321",
+                "--probe-external=",
+                "--probe-timeout=1000ms",
+            ]
+        );
+        assert_eq!(
+            GoFunction::new(Variant::MemoryHog).hog_max_mib(64).args(),
+            [
+                "--variant=memory-hog",
+                "--serve=v1,v1beta1",
+                "--hog-max-mib=64"
+            ]
+        );
+        let flags: std::collections::BTreeSet<[&str; 2]> =
+            Variant::ALL.iter().map(|v| v.flags()).collect();
+        assert_eq!(
+            flags.len(),
+            Variant::ALL.len(),
+            "each variant its own flags"
+        );
+    }
+}

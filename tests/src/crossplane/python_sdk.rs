@@ -53,7 +53,7 @@ pub const PYTHON_SDK_TAG: &str = "v1";
 const VENV: &str = "/venv/fn";
 
 /// Changes to how the image is made that its inputs do not show: bump it.
-const RECIPE: &str = "python-sdk-image 1";
+const RECIPE: &str = "python-sdk-image 2";
 
 /// Top-level stdlib entries left out.
 const STDLIB_SKIP: &[&str] = &[
@@ -209,6 +209,9 @@ impl Interpreter {
 
 /// Builds the image into `work/layout`.
 fn build(work: &Path, python: &Interpreter) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    // The entry is readable by all, for a daemon that runs as another user.
+    std::fs::set_permissions(work, std::fs::Permissions::from_mode(0o755))?;
     let rootfs = work.join("rootfs");
     stage(&rootfs, python)?;
     let image = TestImage::scratch()
@@ -422,6 +425,11 @@ fn ldd(file: &Path) -> Result<Vec<PathBuf>> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
+    parse_ldd(&stdout)
+}
+
+/// The absolute paths in `ldd`'s output; an error for a library not found.
+fn parse_ldd(stdout: &str) -> Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
     for line in stdout.lines() {
         let line = line.trim();
@@ -437,4 +445,98 @@ fn ldd(file: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(paths)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_output_gives_libraries_and_the_loader() {
+        let out = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+                   \tlibm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x00007f2b)\n\
+                   \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f2a)\n\
+                   \t/lib64/ld-linux-x86-64.so.2 (0x00007f2c)\n";
+        assert_eq!(
+            parse_ldd(out).unwrap(),
+            [
+                "/lib/x86_64-linux-gnu/libm.so.6",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+            .map(PathBuf::from)
+        );
+        let err = parse_ldd("\tlibfoo.so.1 => not found\n").unwrap_err();
+        assert!(err.to_string().contains("libfoo.so.1"), "{err}");
+    }
+
+    #[test]
+    fn the_stdlib_loses_tests_tools_and_caches() {
+        for gone in [
+            "test",
+            "idlelib",
+            "tkinter",
+            "ensurepip",
+            "lib2to3",
+            "config-3.11-x86_64-linux-gnu",
+            "__pycache__",
+            "unittest/test",
+            "ctypes/test",
+            "json/__pycache__",
+            "lib-dynload/_testcapi.cpython-311-x86_64-linux-gnu.so",
+            "lib-dynload/_curses.cpython-311-x86_64-linux-gnu.so",
+            "lib-dynload/readline.cpython-311-x86_64-linux-gnu.so",
+        ] {
+            let is_dir = !gone.ends_with(".so");
+            assert!(skip_stdlib(Path::new(gone), is_dir), "{gone}");
+        }
+        for kept in [
+            "os.py",
+            "asyncio",
+            "json",
+            "unittest",
+            "encodings/utf_8.py",
+            "lib-dynload",
+            "lib-dynload/_asyncio.cpython-311-x86_64-linux-gnu.so",
+            "lib-dynload/_ssl.cpython-311-x86_64-linux-gnu.so",
+            // Only directories named test go, and only top-level names are
+            // held against the list.
+            "test_support.py",
+            "email/venv",
+        ] {
+            let is_dir = !kept.contains('.');
+            assert!(!skip_stdlib(Path::new(kept), is_dir), "{kept}");
+        }
+    }
+
+    #[test]
+    fn site_packages_lose_the_installers() {
+        for gone in [
+            "pip",
+            "pip-24.0.dist-info",
+            "setuptools",
+            "setuptools-65.5.0.dist-info",
+            "_distutils_hack",
+            "pkg_resources",
+            "distutils-precedence.pth",
+            "grpc/__pycache__",
+        ] {
+            assert!(
+                skip_site(Path::new(gone), !gone.ends_with(".pth")),
+                "{gone}"
+            );
+        }
+        for kept in [
+            "grpc",
+            "crossplane",
+            "pydantic_core",
+            "typing_extensions.py",
+            "google/protobuf",
+        ] {
+            assert!(
+                !skip_site(Path::new(kept), !kept.ends_with(".py")),
+                "{kept}"
+            );
+        }
+    }
 }
