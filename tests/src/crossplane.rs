@@ -52,6 +52,21 @@
 //!     .unwrap();
 //! # let _ = (hog, python, bench);
 //! ```
+//!
+//! What a runtime hosting these images should know (all shown by
+//! `tests/tests/harness_crossplane.rs`):
+//! - Both start as Crossplane's runtime starts a Function package: the
+//!   entrypoint, then `--insecure` (or `--tls-certs-dir DIR`, or
+//!   `$TLS_SERVER_CERTS_DIR`), listening on `:9443` (`0.0.0.0:9443` for the
+//!   Python SDK) unless given `--address`. The Go functions serve
+//!   `grpc.health.v1` (the v1 and v1beta1 service names and `""`); the Python
+//!   SDK serves no health service, only reflection.
+//! - Never give the Python SDK both `--insecure` and TLS certificates: it
+//!   then opens two listeners on the same port (SO_REUSEPORT), one plain, one
+//!   TLS, and calls land on either at random.
+//! - grpc's C core (the Python SDK) aborts at start without `/dev/urandom`.
+//! - The Python SDK logs JSON lines to stdout; the Go functions write to
+//!   stderr only.
 
 mod client;
 mod go_function;
@@ -61,7 +76,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-pub use self::client::{Api, Bench, Call, ClientTls, Latency, Outcome, TlsSeen, client_binary};
+pub use self::client::{Api, Bench, Call, Latency, Outcome, TlsSeen, client_binary};
 pub use self::go_function::{
     FUNCTION_PATH, FUNCTION_USER, GoFunction, RunningFunction, ServerTls, Variant, function_binary,
     go_function_image,

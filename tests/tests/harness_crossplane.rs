@@ -846,6 +846,13 @@ fn python_sdk_function_runs_from_its_image_alone() {
     let beta = call.api(Api::V1beta1).run().expect("calls");
     assert_eq!(beta.version, "v1beta1");
     assert_annotated(&beta);
+    // The SDK logs JSON lines to stdout, one per call here.
+    let logged = function.stdout();
+    assert_eq!(
+        logged.matches("annotated the composite resource").count(),
+        2,
+        "{logged}"
+    );
     drop(function);
 
     // mTLS with its certificates from $TLS_SERVER_CERTS_DIR.
