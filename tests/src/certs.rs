@@ -239,3 +239,31 @@ impl Certs {
         TlsFiles::write(&self.dir.path().join(name), &pair, &ca.cert_pem())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_written_where_they_are_said_to_be() {
+        let certs = Certs::new().unwrap();
+        for path in [certs.ca_cert(), certs.ca_key(), certs.other_ca_cert()] {
+            assert!(
+                path.starts_with(certs.dir()) && path.is_file(),
+                "{}",
+                path.display()
+            );
+        }
+        assert_ne!(certs.ca().cert_pem(), certs.other_ca().cert_pem());
+        let server = certs.server("fn", &["fn.ns", "127.0.0.1"]).unwrap();
+        assert_eq!(server.dir, certs.dir().join("server-fn"));
+        let stranger = certs.other_ca_client("x").unwrap();
+        for (files, ca) in [(&server, certs.ca()), (&stranger, certs.other_ca())] {
+            assert_eq!(std::fs::read_to_string(&files.ca).unwrap(), ca.cert_pem());
+            let cert = std::fs::read_to_string(&files.cert).unwrap();
+            let key = std::fs::read_to_string(&files.key).unwrap();
+            assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"), "{cert}");
+            assert!(key.starts_with("-----BEGIN PRIVATE KEY-----"), "{key}");
+        }
+    }
+}

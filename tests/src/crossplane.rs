@@ -5,6 +5,9 @@
 //!   the normal `function-label` and misbehaving [`Variant`]s, run on the host
 //!   ([`GoFunction::start`]) or packaged as an image ([`GoFunction::image`]:
 //!   busybox, the static binary at `/function`, `User: 65532`).
+//! - [`python_sdk_image`]: a function written with the real
+//!   `crossplane-function-sdk-python`, packaged with its interpreter, stdlib,
+//!   packages and shared libraries in an image without busybox, cached.
 //! - [`Call`]: a call as Crossplane's function runner makes it, with grpc-go
 //!   (`tests/go/crossplaneclient`): mTLS with SNI and `:authority` of the
 //!   function's service, ALPN h2 required, v1 then v1beta1 on UNIMPLEMENTED;
@@ -17,7 +20,7 @@
 //! use std::time::Duration;
 //! use fnrun_tests::certs::Certs;
 //! use fnrun_tests::crossplane::{Call, GoFunction, ServerTls, Variant, service_names};
-//! use fnrun_tests::crossplane::SAMPLE_REQUEST;
+//! use fnrun_tests::crossplane::{SAMPLE_REQUEST, python_sdk_image};
 //!
 //! // A function on the host, over mTLS, called as Crossplane calls it.
 //! let certs = Certs::new().unwrap();
@@ -41,25 +44,45 @@
 //!
 //! // Images for fnrun: push them, or run them from their OCI layout.
 //! let hog = GoFunction::new(Variant::MemoryHog).image().unwrap().build().unwrap();
+//! let python = python_sdk_image().unwrap();
 //! let bench = Call::insecure(function.addr())
 //!     .request(SAMPLE_REQUEST)
 //!     .timeout(Duration::from_secs(10))
 //!     .bench(200, 8)
 //!     .unwrap();
-//! # let _ = (hog, bench);
+//! # let _ = (hog, python, bench);
 //! ```
+//!
+//! What a runtime hosting these images should know (all shown by
+//! `tests/tests/harness_crossplane.rs`):
+//! - Both start as Crossplane's runtime starts a Function package: the
+//!   entrypoint, then `--insecure` (or `--tls-certs-dir DIR`, or
+//!   `$TLS_SERVER_CERTS_DIR`), listening on `:9443` (`0.0.0.0:9443` for the
+//!   Python SDK) unless given `--address`. The Go functions serve
+//!   `grpc.health.v1` (the v1 and v1beta1 service names and `""`); the Python
+//!   SDK serves no health service, only reflection.
+//! - Never give the Python SDK both `--insecure` and TLS certificates: it
+//!   then opens two listeners on the same port (SO_REUSEPORT), one plain, one
+//!   TLS, and calls land on either at random.
+//! - grpc's C core (the Python SDK) aborts at start without `/dev/urandom`.
+//! - The Python SDK logs JSON lines to stdout; the Go functions write to
+//!   stderr only.
 
 mod client;
 mod go_function;
+mod python_sdk;
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-pub use self::client::{Api, Bench, Call, ClientTls, Latency, Outcome, TlsSeen, client_binary};
+pub use self::client::{Api, Bench, Call, Latency, Outcome, TlsSeen, client_binary};
 pub use self::go_function::{
     FUNCTION_PATH, FUNCTION_USER, GoFunction, RunningFunction, ServerTls, Variant, function_binary,
     go_function_image,
+};
+pub use self::python_sdk::{
+    PYTHON_SDK_ANNOTATION, PYTHON_SDK_ENTRYPOINT, PYTHON_SDK_NAME, PYTHON_SDK_TAG, python_sdk_image,
 };
 use crate::tool_cache::{self, Key, Protos};
 
@@ -139,4 +162,57 @@ pub fn protos() -> Result<Vec<Protos>> {
             go_package: Some(GO_V1BETA1.to_owned()),
         },
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_request_is_what_its_constants_say() {
+        let request: serde_json::Value =
+            serde_json::from_str(&sample_request_json().unwrap()).unwrap();
+        assert_eq!(request["meta"]["tag"], SAMPLE_TAG);
+        let desired: Vec<&str> = request["desired"]["resources"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(desired, SAMPLE_DESIRED_RESOURCES);
+        assert_eq!(
+            std::fs::read_to_string(sample_request_path()).unwrap(),
+            SAMPLE_REQUEST
+        );
+    }
+
+    #[test]
+    fn service_names_are_crossplanes() {
+        assert_eq!(
+            service_names("fn-a", "crossplane-system"),
+            [
+                "fn-a",
+                "fn-a.crossplane-system",
+                "fn-a.crossplane-system.svc",
+                "fn-a.crossplane-system.svc.cluster.local"
+            ]
+        );
+    }
+
+    #[test]
+    fn v1beta1_is_v1_in_another_package() {
+        let [v1, v1beta1] = <[Protos; 2]>::try_from(protos().unwrap()).unwrap();
+        let read = |p: &Protos| std::fs::read_to_string(p.root.join(&p.files[0])).unwrap();
+        let (v1_text, beta_text) = (read(&v1), read(&v1beta1));
+        assert_ne!(beta_text, v1_text);
+        assert_eq!(
+            beta_text.replace(
+                "package apiextensions.fn.proto.v1beta1;",
+                "package apiextensions.fn.proto.v1;"
+            ),
+            v1_text
+        );
+        assert_eq!(v1.go_package.as_deref(), Some(GO_V1));
+        assert_eq!(v1beta1.go_package.as_deref(), Some(GO_V1BETA1));
+    }
 }

@@ -5,17 +5,19 @@
 //! the sample request. A failing end-to-end test of fnrun's function host
 //! then points at fnrun, not at its test parts.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use fnrun_tests::certs::{Certs, TlsFiles};
 use fnrun_tests::crossplane::{
-    self, Api, Call, FUNCTION_PATH, FUNCTION_USER, GoFunction, Outcome, RunningFunction,
-    SAMPLE_DESIRED_RESOURCES, SAMPLE_REQUEST, SAMPLE_TAG, ServerTls, Variant, service_names,
+    self, Api, Call, FUNCTION_PATH, FUNCTION_USER, GoFunction, Outcome, PYTHON_SDK_ANNOTATION,
+    PYTHON_SDK_ENTRYPOINT, PYTHON_SDK_NAME, RunningFunction, SAMPLE_DESIRED_RESOURCES,
+    SAMPLE_REQUEST, SAMPLE_TAG, ServerTls, Variant, python_sdk_image, service_names,
 };
 use fnrun_tests::fixtures::PongServer;
 use fnrun_tests::image::BuiltImage;
-use fnrun_tests::process::check_output;
+use fnrun_tests::process::{check_output, run_capture};
 use fnrun_tests::registry::free_port;
 use fnrun_tests::tool_cache;
 use fnrun_tests::user::require_root;
@@ -650,4 +652,241 @@ fn go_function_images_run_as_nonroot_from_their_rootfs() {
             .expect("calls");
         assert_labelled(&outcome, "function-label", "v1", TOUCHED);
     }
+}
+
+/// The SDK's version, as the requirements pin it.
+fn pinned_sdk_version() -> String {
+    let requirements =
+        fnrun_tests::workspace_root().join("tests/python/sdk-function/requirements.txt");
+    std::fs::read_to_string(&requirements)
+        .expect("requirements")
+        .lines()
+        .find_map(|l| l.strip_prefix("crossplane-function-sdk-python=="))
+        .expect("the SDK is pinned")
+        .trim()
+        .to_owned()
+}
+
+/// Every file under `root`, relative, with its kind: what an image carries.
+fn tree(root: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("lists") {
+            let entry = entry.expect("entry");
+            let path = entry.path();
+            let rel = path.strip_prefix(root).unwrap().display().to_string();
+            if entry.file_type().expect("type").is_dir() {
+                dirs.push(path);
+                found.push(format!("{rel}/"));
+            } else {
+                found.push(rel);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Runs the Python SDK function's entrypoint in `rootfs` as 65532 with an
+/// empty environment (plus `env`), on `127.0.0.1:PORT` with `args`.
+fn start_python_function(rootfs: &Path, args: &[&str], env: &[(&str, &str)]) -> RunningFunction {
+    let addr = format!("127.0.0.1:{}", free_port().expect("a port"));
+    let mut cmd = Command::new("/usr/sbin/chroot");
+    cmd.arg(format!("--userspec={FUNCTION_USER}"))
+        .arg(rootfs)
+        .arg(PYTHON_SDK_ENTRYPOINT)
+        .arg(format!("--address={addr}"))
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied());
+    let mut function = RunningFunction::spawn(&mut cmd).expect("spawns");
+    function
+        .wait_accepting(&addr, Duration::from_secs(60))
+        .expect("the Python function listens");
+    function
+}
+
+/// The Python function's checks on a response to the sample request.
+fn assert_annotated(outcome: &Outcome) {
+    assert!(outcome.is_ok(), "{outcome:?}");
+    let request = sample();
+    let response = outcome.response();
+    let sdk = pinned_sdk_version();
+    assert_eq!(response["meta"], json!({"tag": SAMPLE_TAG, "ttl": "60s"}));
+    assert_eq!(response["context"], request["context"]);
+    assert_eq!(
+        response["desired"]["resources"],
+        request["desired"]["resources"]
+    );
+    let mut composite = request["desired"]["composite"].clone();
+    composite["resource"]["metadata"] = json!({"annotations": {PYTHON_SDK_ANNOTATION: sdk}});
+    assert_eq!(response["desired"]["composite"], composite);
+    let results = outcome.results();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].0, "SEVERITY_NORMAL");
+    let message = &results[0].1;
+    assert!(
+        message.starts_with(&format!(
+            "{PYTHON_SDK_NAME}: annotated XPostgres orders-db-7fw2k with {PYTHON_SDK_ANNOTATION}={sdk} (Python 3."
+        )),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("; 3 desired composed resources"),
+        "{message}"
+    );
+}
+
+#[test]
+fn python_sdk_function_runs_from_its_image_alone() {
+    if !require_root("python_sdk_function_runs_from_its_image_alone") {
+        return;
+    }
+    let image = python_sdk_image().expect("the image builds");
+    assert!(
+        image.layout().starts_with(tool_cache::dir()),
+        "{}",
+        image.layout().display()
+    );
+    assert_eq!(python_sdk_image().expect("cached").layout(), image.layout());
+    let config = image_config(&image);
+    assert_eq!(config["Entrypoint"], json!([PYTHON_SDK_ENTRYPOINT]));
+    assert_eq!(config["User"], FUNCTION_USER);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rootfs = image.unpack(&dir.path().join("bundle")).expect("unpacks");
+    let files = tree(&rootfs);
+    let has = |path: &str| files.iter().any(|f| f == path);
+    let any = |pred: &dyn Fn(&str) -> bool| files.iter().any(|f| pred(f));
+    // No shell, no busybox; the venv, the SDK, grpcio's extension.
+    assert!(
+        !has("bin/sh") && !has("bin/busybox"),
+        "a shell in {files:?}"
+    );
+    assert!(has("venv/fn/pyvenv.cfg") && has("venv/fn/bin/python"));
+    assert!(any(&|f| f.starts_with("venv/fn/lib/python3.")
+        && f.ends_with("/site-packages/crossplane/function/runtime.py")));
+    assert!(any(
+        &|f| f.contains("/site-packages/grpc/_cython/cygrpc.") && f.ends_with(".so")
+    ));
+    // Stripped: no installers, tests or unused stdlib.
+    for gone in [
+        "/pip/",
+        "/setuptools/",
+        "/test/",
+        "/tests/",
+        "/idlelib/",
+        "/tkinter/",
+        "/ensurepip/",
+        "/lib2to3/",
+        "/config-3.",
+    ] {
+        assert!(!any(&|f| f.contains(gone)), "{gone} in the image");
+    }
+    // Byte code compiled into the image.
+    assert!(any(
+        &|f| f.contains("/crossplane/function/__pycache__/runtime.cpython-")
+    ));
+
+    // Every ELF file's libraries resolve inside the image, by its own loader.
+    let loader = files
+        .iter()
+        .find(|f| f.contains("/ld-linux") && f.contains(".so"))
+        .expect("the dynamic loader");
+    let elves: Vec<&String> = files
+        .iter()
+        .filter(|f| !f.ends_with('/') && is_elf(&rootfs.join(f)))
+        .collect();
+    assert!(elves.len() > 20, "{elves:?}");
+    for elf in elves {
+        let out = run_capture(
+            Command::new("/usr/sbin/chroot")
+                .arg(&rootfs)
+                .arg(format!("/{loader}"))
+                .arg("--list")
+                .arg(format!("/{elf}"))
+                .env_clear(),
+            None,
+            Duration::from_secs(30),
+        );
+        assert!(
+            !out.stdout.contains("not found") && out.stderr.is_empty(),
+            "{elf}: {}",
+            out.describe()
+        );
+    }
+
+    // The entrypoint, as 65532 with nothing from the host but the devices a
+    // runtime gives (grpc's seed comes from /dev/urandom): h2c, v1 and
+    // v1beta1.
+    let dev = rootfs.join("dev");
+    std::fs::create_dir_all(&dev).expect("mkdir /dev");
+    for (name, minor) in [
+        ("null", "3"),
+        ("zero", "5"),
+        ("random", "8"),
+        ("urandom", "9"),
+    ] {
+        check_output(
+            Command::new("mknod")
+                .arg(dev.join(name))
+                .args(["-m", "666", "c", "1", minor]),
+        )
+        .expect("mknod");
+    }
+    let started = std::time::Instant::now();
+    let function = start_python_function(&rootfs, &["--insecure"], &[]);
+    eprintln!("the Python function listened after {:?}", started.elapsed());
+    assert_eq!(uids(function.pid()), "65532 65532 65532 65532");
+    let call = Call::insecure(function.addr()).request(SAMPLE_REQUEST);
+    let outcome = call.clone().run().expect("calls");
+    assert_eq!((outcome.version.as_str(), outcome.fallback), ("v1", false));
+    assert_annotated(&outcome);
+    let beta = call.api(Api::V1beta1).run().expect("calls");
+    assert_eq!(beta.version, "v1beta1");
+    assert_annotated(&beta);
+    // The SDK logs JSON lines to stdout, one per call here.
+    let logged = function.stdout();
+    assert_eq!(
+        logged.matches("annotated the composite resource").count(),
+        2,
+        "{logged}"
+    );
+    drop(function);
+
+    // mTLS with its certificates from $TLS_SERVER_CERTS_DIR.
+    let (certs, server, client) = pki(PYTHON_SDK_NAME);
+    let in_image = rootfs.join("tls");
+    std::fs::create_dir(&in_image).expect("mkdir /tls");
+    for file in [&server.cert, &server.key, &server.ca] {
+        let to = in_image.join(file.file_name().unwrap());
+        std::fs::copy(file, &to).expect("copies");
+        std::os::unix::fs::chown(&to, Some(65532), Some(65532)).expect("chown");
+    }
+    let function = start_python_function(&rootfs, &[], &[("TLS_SERVER_CERTS_DIR", "/tls")]);
+    let sni = format!("{PYTHON_SDK_NAME}.crossplane-system");
+    let crossplane = Call::mtls(function.addr(), &certs.ca_cert())
+        .client_cert(&client)
+        .server_name(&sni)
+        .authority(&format!("{sni}:9443"))
+        .request(SAMPLE_REQUEST);
+    let outcome = crossplane.clone().run().expect("calls");
+    assert_annotated(&outcome);
+    assert_eq!(outcome.tls.as_ref().map(|t| t.alpn.as_str()), Some("h2"));
+    let anonymous = Call::mtls(function.addr(), &certs.ca_cert())
+        .server_name(&sni)
+        .request(SAMPLE_REQUEST)
+        .run()
+        .expect("calls");
+    assert_unavailable(&anonymous, "no client certificate", "");
+}
+
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == *b"\x7fELF"
 }

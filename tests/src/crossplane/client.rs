@@ -30,7 +30,7 @@ pub enum Api {
 
 /// Transport security of a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClientTls {
+enum ClientTls {
     /// Plain h2c.
     Insecure,
     /// TLS: the server's certificate must chain to `ca`; `client` is the

@@ -246,7 +246,7 @@ impl GoFunction {
 
     /// Runs the function on the host on `127.0.0.1:0`, under `wrapper` (a
     /// command and its arguments that run the rest, such as `prlimit
-    /// --as=SIZE --`, or none), without waiting.
+    /// --data=SIZE --`, or none), without waiting.
     pub fn spawn(&self, tls: &ServerTls, wrapper: &[&str]) -> Result<RunningFunction> {
         let binary = function_binary()?;
         let mut cmd = match wrapper.split_first() {
@@ -275,20 +275,18 @@ pub struct RunningFunction {
 
 impl RunningFunction {
     /// Starts `cmd` (a function server: this one, the Python SDK's in a
-    /// chroot...) with its stderr kept in a temp file; killed on drop.
+    /// chroot...) with its stdout and stderr kept in temp files; killed on
+    /// drop.
     pub fn spawn(cmd: &mut Command) -> Result<RunningFunction> {
         let dir = tempfile::Builder::new()
             .prefix("fnrun-function-")
             .tempdir()
             .context("cannot create the function's temp dir")?;
+        let stdout = File::create(dir.path().join("stdout"))?;
         let stderr = File::create(dir.path().join("stderr"))?;
-        let child = die_with_parent(
-            cmd.stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(stderr),
-        )
-        .spawn()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
+        let child = die_with_parent(cmd.stdin(Stdio::null()).stdout(stdout).stderr(stderr))
+            .spawn()
+            .with_context(|| format!("cannot start {cmd:?}"))?;
         Ok(RunningFunction {
             child,
             dir,
@@ -367,11 +365,13 @@ impl RunningFunction {
 
     /// Everything the function wrote to stderr so far.
     pub fn stderr(&self) -> String {
-        std::fs::read_to_string(self.stderr_path()).unwrap_or_default()
+        std::fs::read_to_string(self.dir.path().join("stderr")).unwrap_or_default()
     }
 
-    fn stderr_path(&self) -> PathBuf {
-        self.dir.path().join("stderr")
+    /// Everything the function wrote to stdout so far (the Python SDK logs
+    /// there, as JSON lines).
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stdout")).unwrap_or_default()
     }
 
     /// The process id (of the wrapper, if there is one).
@@ -393,5 +393,57 @@ impl RunningFunction {
 impl Drop for RunningFunction {
     fn drop(&mut self) {
         terminate(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_carry_the_variant_and_every_setting() {
+        assert_eq!(
+            GoFunction::new(Variant::Label).args(),
+            ["--variant=label", "--serve=v1,v1beta1"]
+        );
+        assert_eq!(
+            GoFunction::new(Variant::V1beta1Only).args(),
+            ["--variant=label", "--serve=v1beta1"]
+        );
+        assert_eq!(
+            GoFunction::new(Variant::NetworkProbe)
+                .name("fn-x")
+                .label("a", "b=c")
+                .delay(Duration::from_millis(1500))
+                .probe_loopback(4321)
+                .probe_external(&[])
+                .probe_timeout(Duration::from_secs(1))
+                .args(),
+            [
+                "--variant=network-probe",
+                "--serve=v1,v1beta1",
+                "--name=fn-x",
+                "--label=a=b=c",
+                "--delay=1500ms",
+                "--probe-loopback-port=4321",
+                "--probe-external=",
+                "--probe-timeout=1000ms",
+            ]
+        );
+        assert_eq!(
+            GoFunction::new(Variant::MemoryHog).hog_max_mib(64).args(),
+            [
+                "--variant=memory-hog",
+                "--serve=v1,v1beta1",
+                "--hog-max-mib=64"
+            ]
+        );
+        let flags: std::collections::BTreeSet<[&str; 2]> =
+            Variant::ALL.iter().map(|v| v.flags()).collect();
+        assert_eq!(
+            flags.len(),
+            Variant::ALL.len(),
+            "each variant its own flags"
+        );
     }
 }
