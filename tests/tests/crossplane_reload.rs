@@ -175,3 +175,48 @@ fn a_functions_file_that_cannot_be_used_changes_nothing() {
             .is_ok()
     );
 }
+
+#[test]
+fn a_changed_file_is_applied_without_sighup() {
+    if !require_root("a_changed_file_is_applied_without_sighup") {
+        return;
+    }
+    let image = GoFunction::new(Variant::Label)
+        .image()
+        .unwrap()
+        .build()
+        .unwrap();
+    let host = FunctionHost::start(
+        HostOpts::insecure(vec![Entry::new("fn-a", &image.oci_ref())])
+            .arg("--functions-check-interval")
+            .arg("300ms"),
+    )
+    .unwrap();
+    // As a mounted ConfigMap changes: a new file swapped in.
+    let tmp = host.functions_file().with_extension("tmp");
+    std::fs::write(
+        &tmp,
+        fnrun_tests::function_host::functions_yaml(&[
+            Entry::new("fn-a", &image.oci_ref()),
+            Entry::new("fn-b", &image.oci_ref()),
+        ]),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, host.functions_file()).unwrap();
+    let log = host
+        .wait_log("the functions file changed", 1, Duration::from_secs(10))
+        .unwrap();
+    assert!(!log.contains("SIGHUP"), "{log}");
+    host.wait_log("functions reloaded", 1, Duration::from_secs(10))
+        .unwrap();
+    assert!(
+        host.call("fn-b")
+            .request(SAMPLE_REQUEST)
+            .run()
+            .unwrap()
+            .is_ok()
+    );
+    // Unchanged since: no more reloads.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(host.log().matches("functions reloaded").count(), 1);
+}

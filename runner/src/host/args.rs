@@ -39,6 +39,11 @@ pub struct FunctionsArgs {
     /// A directory with DIR/NAME/tls.crt and DIR/NAME/tls.key per function.
     #[arg(long, value_name = "DIR")]
     pub functions_certs_dir: Option<PathBuf>,
+    /// How often the functions file is checked for changes, which are then
+    /// applied as SIGHUP applies them (a mounted ConfigMap changes so); 0:
+    /// only on SIGHUP.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::config::parse_duration)]
+    pub functions_check_interval: std::time::Duration,
     /// Serve plain h2c, without TLS (local use only).
     #[arg(
         long,

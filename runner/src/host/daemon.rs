@@ -2,9 +2,12 @@
 //! runner, on its own listener, sharing the runner's cache and sandbox.
 //!
 //! SIGHUP reloads the functions file (and the certificates: minted again,
-//! or read again from `--functions-certs-dir`). A file or certificate that
-//! cannot be used is logged and the current catalogue stays: a reload never
-//! drops a call in flight nor leaves the host without a catalogue.
+//! or read again from `--functions-certs-dir`), and so does a change of the
+//! file's contents, checked every `--functions-check-interval` (a mounted
+//! ConfigMap is updated in place, and a container built `FROM scratch` has
+//! no `kill` to send SIGHUP with). A file or certificate that cannot be used
+//! is logged and the current catalogue stays: a reload never drops a call in
+//! flight nor leaves the host without a catalogue.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -125,7 +128,10 @@ pub async fn start(
         "serving Crossplane functions"
     );
 
+    let seen = args.functions_file.as_deref().and_then(read_bounded);
     let reloader = Reloader {
+        seen,
+        check_every: args.functions_check_interval,
         file: args.functions_file.clone(),
         flags: args.function.clone(),
         namespace,
@@ -164,6 +170,9 @@ impl FunctionsDaemon {
 /// Applies the functions file again on SIGHUP, and mints certificates again
 /// once a day.
 struct Reloader {
+    /// The file's contents at the last reload (or start).
+    seen: Option<Vec<u8>>,
+    check_every: Duration,
     file: Option<PathBuf>,
     flags: Vec<String>,
     namespace: String,
@@ -181,11 +190,25 @@ impl Reloader {
         Ok(async move {
             let mut remint =
                 tokio::time::interval_at(tokio::time::Instant::now() + REMINT_EVERY, REMINT_EVERY);
+            let checking = !self.check_every.is_zero() && self.file.is_some();
+            let every = if checking {
+                self.check_every
+            } else {
+                REMINT_EVERY
+            };
+            let mut check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     _ = hup.recv() => {
                         tracing::info!("SIGHUP: reloading the functions");
                         self.reload().await;
+                    }
+                    _ = check.tick(), if checking => {
+                        if self.file_changed().await {
+                            tracing::info!("the functions file changed: reloading the functions");
+                            self.reload().await;
+                        }
                     }
                     _ = remint.tick() => {
                         if matches!(self.tls, Some((CertSource::Mint(_), _))) {
@@ -213,7 +236,25 @@ impl Reloader {
         }
     }
 
+    /// Whether the file's contents differ from those last loaded.
+    async fn file_changed(&self) -> bool {
+        let Some(path) = self.file.clone() else {
+            return false;
+        };
+        let now = tokio::task::spawn_blocking(move || read_bounded(&path))
+            .await
+            .ok()
+            .flatten();
+        now != self.seen
+    }
+
     async fn try_reload(&mut self) -> anyhow::Result<Changes> {
+        if let Some(path) = self.file.clone() {
+            self.seen = tokio::task::spawn_blocking(move || read_bounded(&path))
+                .await
+                .ok()
+                .flatten();
+        }
         let (file, flags) = (self.file.clone(), self.flags.clone());
         let catalogue =
             tokio::task::spawn_blocking(move || Catalogue::load(file.as_deref(), &flags))
@@ -231,4 +272,18 @@ impl Reloader {
         self.names = names;
         Ok(changes)
     }
+}
+
+/// The functions file's bytes (at most one more than the largest allowed),
+/// to tell whether it changed.
+fn read_bounded(path: &std::path::Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            f.take(catalogue::MAX_FILE_BYTES + 1)
+                .read_to_end(&mut bytes)
+        })
+        .ok()
+        .map(|_| bytes)
 }
