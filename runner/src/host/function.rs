@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::Shared;
-use prost::Message;
 use tokio::sync::{Notify, Semaphore, SemaphorePermit, oneshot};
 use tonic::metadata::MetadataMap;
 use tonic::{Response, Status};
@@ -34,7 +33,6 @@ use super::catalogue::{FunctionDef, Mode};
 use super::error::{HostError, Phase};
 use super::instance::{self, Api, Instance};
 use crate::error::RunError;
-use crate::runner::RunRequest;
 
 /// A function's instance ran this long: its failures are forgotten.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
@@ -227,7 +225,9 @@ impl Function {
         let _slot = self.admit(deadline, budget).await?;
         match self.def.mode {
             Mode::Server => self.forward(api, message, metadata, deadline, budget).await,
-            Mode::FunctionIo => self.run_functionio(message, deadline).await,
+            Mode::FunctionIo => {
+                super::functionio::call(&self.ctx, &self.def, message, deadline).await
+            }
         }
     }
 
@@ -480,49 +480,6 @@ impl Function {
             error = %crate::error::bounded(&error, crate::error::LINE_MAX),
             "function server ended; it is started again on the next call"
         );
-    }
-
-    /// A FunctionIO-mode call: the request as FunctionIO on the stdin of one
-    /// run through the core runner, its output as the response.
-    async fn run_functionio(
-        &self,
-        message: Bytes,
-        deadline: Instant,
-    ) -> Result<Response<Bytes>, CallError> {
-        use fnrun_api::functionio_v1;
-        let function = || self.def.name.clone();
-        let request =
-            fnrun_api::v1::RunFunctionRequest::decode(message).map_err(HostError::BadRequest)?;
-        let input = functionio_v1::functionio_yaml_from_request(&request).map_err(|error| {
-            HostError::BadFunctionIo {
-                function: function(),
-                error,
-            }
-        })?;
-        let credentials = instance::credentials(&self.ctx.runner, &self.def).await?;
-        let mut run = RunRequest::new(self.def.image.clone(), input);
-        run.pull_policy = self.def.pull_policy;
-        run.credentials = credentials;
-        run.network = self.def.network;
-        run.memory_bytes = self.def.limits.memory_bytes;
-        run.cpu_millis = self.def.limits.cpu_millis;
-        run.pids = self.def.limits.pids;
-        run.timeout = deadline.saturating_duration_since(Instant::now());
-        if run.timeout.is_zero() {
-            return Err(HostError::Deadline {
-                function: function(),
-                deadline: Duration::ZERO,
-                during: Phase::Queued,
-            }
-            .into());
-        }
-        let output = self.ctx.runner.run(run).await.map_err(CallError::Failed)?;
-        let response = functionio_v1::response_from_functionio_yaml(&request, &output.output)
-            .map_err(|error| HostError::BadOutput {
-                function: function(),
-                error,
-            })?;
-        Ok(Response::new(Bytes::from(response.encode_to_vec())))
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! - [`catalogue`]: which functions exist (`--functions FILE`, `--function`);
 //! - [`function`]: one function's admission and the life of its one warm
-//!   instance ([`instance`]), or its per-call runs in FunctionIO mode;
+//!   instance ([`instance`]), or its per-call runs in FunctionIO mode
+//!   ([`functionio`]);
 //! - [`upstream`], [`codec`]: forwarding calls to a function's own server
 //!   over HTTP/2 as the bytes they came as;
 //! - [`routing`]: which function a call is for (TLS SNI, else `:authority`);
@@ -26,6 +27,7 @@ pub mod codec;
 pub mod daemon;
 pub mod error;
 pub mod function;
+pub mod functionio;
 pub mod instance;
 pub mod listener;
 pub mod metrics;
