@@ -116,6 +116,7 @@ impl Instance {
             function: def.name.clone(),
             error: Arc::new(error),
         };
+        let fetch = Instant::now();
         let credentials = credentials(runner, def).await?;
         let reference = runner.reference(&def.image).map_err(failed)?;
         let (image, lease) = runner
@@ -138,14 +139,21 @@ impl Instance {
             .start_service(&spec)
             .map_err(|e| failed(e.into()))?;
         let exit = service.exit_watch();
+        let spawned = started.elapsed();
+        let (upstream, ready) = wait_ready(def, &service, &exit, started).await?;
         tracing::debug!(
             function = def.name,
             instance = id,
             digest = image.digest,
             pid = service.pid(),
+            image_us = (started - fetch).as_micros() as u64,
+            spawn_us = spawned.as_micros() as u64,
+            listening_us = ready.listening.as_micros() as u64,
+            ready_us = started.elapsed().as_micros() as u64,
+            polls = ready.polls,
+            connecting_us = ready.connecting.as_micros() as u64,
             "function server started"
         );
-        let upstream = wait_ready(def, &service, &exit, started).await?;
         Ok((
             Instance {
                 id,
@@ -270,6 +278,31 @@ pub fn exit_error(def: &FunctionDef, exit: &ServiceExit) -> HostError {
     }
 }
 
+/// How often a starting server's port is tried at first.
+const FIRST_POLLS_EVERY: Duration = Duration::from_micros(250);
+
+/// Sleeps `d`: below tokio's millisecond tick on a blocking thread (the
+/// pool keeps idle threads, so this costs a wake-up, not a thread).
+async fn pause(d: Duration) {
+    let precise = d < Duration::from_millis(1)
+        && tokio::task::spawn_blocking(move || std::thread::sleep(d))
+            .await
+            .is_ok();
+    if !precise {
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// How a server became ready.
+struct Ready {
+    /// From the start to the first accepted connection.
+    listening: Duration,
+    /// Connections tried.
+    polls: u32,
+    /// Time spent trying them.
+    connecting: Duration,
+}
+
 /// Polls the server's port until it answers gRPC, it ends, or its start
 /// timeout passes.
 async fn wait_ready(
@@ -277,25 +310,45 @@ async fn wait_ready(
     service: &Service,
     exit: &ExitWatch,
     started: Instant,
-) -> Result<Upstream, HostError> {
+) -> Result<(Upstream, Ready), HostError> {
     let deadline = started + def.start_timeout;
-    let mut delay = Duration::from_millis(1);
     let mut last_error = "nothing listened".to_owned();
+    let mut polls = 0;
+    let mut connecting = Duration::ZERO;
+    // tokio's timer ticks in milliseconds, which would quantise the start
+    // of every instance; the first polls sleep on a blocking thread instead.
+    let mut delay = FIRST_POLLS_EVERY;
     loop {
         if let Some(exit) = exit.try_exit() {
             return Err(exit_error(def, &exit));
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        match service.connect(local()).await {
-            Ok(stream) => match Upstream::handshake(stream).await {
-                Ok(upstream) => match upstream.probe(left.min(Duration::from_secs(2))).await {
-                    Ok(()) => return Ok(upstream),
-                    Err(status) => {
-                        last_error = format!("it does not answer gRPC: {}", status.message());
-                    }
-                },
-                Err(e) => last_error = format!("HTTP/2 handshake failed: {e}"),
-            },
+        polls += 1;
+        let t = Instant::now();
+        let connected = service.connect(local()).await;
+        connecting += t.elapsed();
+        match connected {
+            Ok(stream) => {
+                let accepted = started.elapsed();
+                match Upstream::handshake(stream).await {
+                    Ok(upstream) => match upstream.probe(left.min(Duration::from_secs(2))).await {
+                        Ok(()) => {
+                            return Ok((
+                                upstream,
+                                Ready {
+                                    listening: accepted,
+                                    polls,
+                                    connecting,
+                                },
+                            ));
+                        }
+                        Err(status) => {
+                            last_error = format!("it does not answer gRPC: {}", status.message());
+                        }
+                    },
+                    Err(e) => last_error = format!("HTTP/2 handshake failed: {e}"),
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 "connection refused".clone_into(&mut last_error);
             }
@@ -311,10 +364,14 @@ async fn wait_ready(
             });
         }
         tokio::select! {
-            () = tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))) => {}
+            () = pause(delay.min(deadline.saturating_duration_since(Instant::now()))) => {}
             exit = exit.clone().exited() => return Err(exit_error(def, &exit)),
         }
-        delay = (delay * 2).min(Duration::from_millis(5));
+        // A server that takes long to listen is polled less often: every
+        // 250 us for its first 50 ms or so, then every 10 ms.
+        if polls == 200 {
+            delay = Duration::from_millis(10);
+        }
     }
 }
 
