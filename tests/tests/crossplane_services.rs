@@ -149,6 +149,7 @@ fn the_callers_deadline_is_honoured_end_to_end() {
     ])
     .unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    let started = Instant::now();
     let status = runtime.block_on(async {
         use fnrun_api::v1::function_runner_service_client::FunctionRunnerServiceClient;
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", host.addr()))
@@ -162,8 +163,18 @@ fn the_callers_deadline_is_honoured_end_to_end() {
             .await
             .unwrap_err()
     });
+    // fnrun sends the deadline on, so whichever of fnrun and the function
+    // sees it pass first answers.
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
-    assert!(status.message().contains("fn-short"), "{status:?}");
+    assert!(
+        status.message().contains("fn-short") || status.message() == "context deadline exceeded",
+        "{status:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
