@@ -139,9 +139,9 @@ impl RunError {
             RunError::User(e) if e.is_internal() => Class::Internal,
             RunError::User(_) => Class::InvalidArgument,
             RunError::Sandbox(e) => match e {
-                SandboxError::InvalidSpec(_) | SandboxError::LimitUnavailable { .. } => {
-                    Class::FailedPrecondition
-                }
+                SandboxError::InvalidSpec(_)
+                | SandboxError::LimitUnavailable { .. }
+                | SandboxError::Mount { .. } => Class::FailedPrecondition,
                 SandboxError::Exec { .. } => Class::Aborted,
                 SandboxError::Io { .. }
                 | SandboxError::Setup { .. }

@@ -330,6 +330,8 @@ impl Runner {
                 cpu_millis: req.cpu_millis,
                 pids: None,
             },
+            mounts: Vec::new(),
+            caller: None,
         };
         let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await?;
         let stderr = String::from_utf8_lossy(&outcome.stderr_tail).into_owned();
