@@ -31,7 +31,8 @@ pub enum Command {
     /// Serve the v1alpha1 ContainerizedFunctionRunnerService.
     #[command(visible_alias = "start")]
     Serve(ServeArgs),
-    /// Run one function and print its output FunctionIO.
+    /// Run one function and print its output FunctionIO (or, for a KRM
+    /// function, its output ResourceList).
     Run(RunArgs),
     /// Prefetch images into the cache.
     ///
@@ -178,9 +179,12 @@ pub struct RunArgs {
     pub sandbox: SandboxArgs,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST] or oci:PATH[:TAG].
     pub image: String,
-    /// The input FunctionIO file, or - for stdin.
+    /// The input FunctionIO (or, for a KRM function, ResourceList) file, or -
+    /// for stdin.
     #[arg(default_value = "-")]
     pub input: String,
+    #[command(flatten)]
+    pub krm: crate::krm::KrmArgs,
 }
 
 #[derive(Debug, Args)]
