@@ -134,6 +134,11 @@ pub struct ServeArgs {
     /// used images are evicted; images in use never are.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub cache_max_size: Option<u64>,
+    /// Pull these images into the cache at start, unless cached (for Porch's
+    /// functions, say). A failed prefetch is a warning; the daemon serves
+    /// meanwhile.
+    #[arg(long, value_name = "IMAGE", num_args = 1..)]
+    pub prefetch: Vec<String>,
     #[command(flatten)]
     pub cache: CacheArgs,
     #[command(flatten)]

@@ -82,6 +82,11 @@ pub enum RunError {
     },
     #[error("images from registry {registry:?} are not allowed on this runner")]
     RegistryNotAllowed { registry: String },
+    #[error("no tag of {repository} starting with v is a version that satisfies {}", text::bounded(.constraint, 200))]
+    NoMatchingTag {
+        repository: String,
+        constraint: String,
+    },
     #[error("{0}")]
     Image(#[from] fnrun_cache::Error),
     #[error("{0}")]
@@ -173,6 +178,7 @@ impl RunError {
             | RunError::InvalidRequest(_) => Class::InvalidArgument,
             RunError::Overloaded { .. } => Class::ResourceExhausted,
             RunError::RegistryNotAllowed { .. } => Class::PermissionDenied,
+            RunError::NoMatchingTag { .. } => Class::NotFound,
             RunError::Image(e) => match e.kind() {
                 CacheKind::InvalidReference => Class::InvalidArgument,
                 CacheKind::NotFound => Class::NotFound,
@@ -211,7 +217,7 @@ impl RunError {
             | RunError::InvalidRequest(_)
             | RunError::RegistryNotAllowed { .. } => "invalid_request",
             RunError::Overloaded { .. } => "rejected",
-            RunError::Image(_) => "image_error",
+            RunError::Image(_) | RunError::NoMatchingTag { .. } => "image_error",
             RunError::User(e) if e.is_internal() => "image_error",
             RunError::User(_) => "invalid_request",
             RunError::Sandbox(_) => "sandbox_error",

@@ -7,6 +7,7 @@ mod config;
 mod credential_helper;
 mod docker_config;
 mod error;
+mod evaluator;
 mod krm;
 mod listen;
 mod metrics;

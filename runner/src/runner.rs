@@ -116,6 +116,14 @@ pub struct RunOutput {
     pub cpu_time: Option<Duration>,
 }
 
+/// What `--prefetch` got.
+#[derive(Debug)]
+pub struct Prefetched {
+    pub digest: String,
+    /// Whether it was pulled now (else it was cached).
+    pub pulled: bool,
+}
+
 /// How many runs execute at once and how many calls may wait for a slot.
 #[derive(Debug, Clone, Copy)]
 pub struct Admission {
@@ -271,6 +279,31 @@ impl Runner {
         result
     }
 
+    /// Gets `image` into the cache unless it is there (`--prefetch`), as a run
+    /// would: its registry must be allowed.
+    pub async fn prefetch(
+        &self,
+        image: &str,
+        credentials: Credentials,
+    ) -> Result<Prefetched, RunError> {
+        let reference = self.cache.parse_reference(image)?;
+        self.check_registry(&reference)?;
+        let got = self
+            .cache
+            .get(
+                &reference,
+                GetOptions::new(PullPolicy::IfNotPresent).credentials(credentials),
+            )
+            .await?;
+        if got.image.pulled {
+            self.metrics.pulls_ok.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Prefetched {
+            digest: got.image.digest,
+            pulled: got.image.pulled,
+        })
+    }
+
     /// A run slot, waiting in a bounded queue for one.
     async fn admit(&self) -> Result<SemaphorePermit<'_>, RunError> {
         if let Ok(permit) = self.slots.try_acquire() {
@@ -294,7 +327,8 @@ impl Runner {
         Ok(permit)
     }
 
-    fn check_registry(&self, reference: &ImageRef) -> Result<(), RunError> {
+    /// Refuses `reference` if its registry is not allowed here.
+    pub(crate) fn check_registry(&self, reference: &ImageRef) -> Result<(), RunError> {
         if self.allowed_registries.is_empty() {
             return Ok(());
         }
