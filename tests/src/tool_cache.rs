@@ -149,6 +149,9 @@ pub struct Protos {
     pub root: PathBuf,
     /// The files, relative to `root`.
     pub files: Vec<PathBuf>,
+    /// The Go import path of the files' package, for files without a
+    /// `go_package` option.
+    pub go_package: Option<String>,
 }
 
 impl Protos {
@@ -159,12 +162,26 @@ impl Protos {
             files: vec![PathBuf::from(
                 "apiextensions/fn/proto/v1alpha1/run_function.proto",
             )],
+            go_package: None,
+        }
+    }
+
+    /// Porch's `evaluator` API (`api/proto/evaluator`); Go imports it as
+    /// `fnrun.test/evaluator`.
+    pub fn fnrun_evaluator() -> Protos {
+        Protos {
+            root: crate::workspace_root().join("api/proto"),
+            files: vec![PathBuf::from("evaluator/evaluator.proto")],
+            go_package: Some("fnrun.test/evaluator".to_owned()),
         }
     }
 
     /// Adds the files' paths and contents to `key`.
     pub fn hash_into(&self, key: &mut Key) -> Result<()> {
         key.part("proto root", self.root.to_string_lossy().as_bytes());
+        if let Some(package) = &self.go_package {
+            key.part("go package", package.as_bytes());
+        }
         for file in &self.files {
             let path = self.root.join(file);
             let contents =
