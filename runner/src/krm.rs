@@ -259,8 +259,10 @@ struct Report<'a> {
     image: &'a str,
     elapsed: Duration,
     /// The function's exit code, or fnrun's when the function did not end
-    /// by itself.
+    /// by itself (for results.yaml).
     exit_code: i32,
+    /// The function's own non-zero exit code, when it exited so.
+    function_exit: Option<i32>,
     results: &'a [ResultItem],
     stderr: &'a [u8],
     /// fnrun's one line, on failure.
@@ -303,6 +305,7 @@ pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs) -> ExitCode {
                 image: &image,
                 elapsed,
                 exit_code: i32::from(code),
+                function_exit: None,
                 results,
                 stderr: &out.stderr,
                 error,
@@ -311,35 +314,30 @@ pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs) -> ExitCode {
         }
         Err(e) => {
             let code = crate::exit_code(e.class());
-            let (output, results, stderr, exit_code) = match e {
+            let (output, results, stderr) = match e {
                 RunError::KrmFunctionFailed {
-                    code: function_code,
-                    returned,
-                    stderr,
+                    returned, stderr, ..
                 } => (
                     returned.as_ref().map(|r| &r.output[..]),
                     returned.as_ref().map_or(&[][..], |r| &r.list.results[..]),
                     stderr.as_bytes(),
-                    *function_code,
                 ),
-                _ => (None, &[][..], &[][..], i32::from(code)),
+                _ => (None, &[][..], &[][..]),
             };
-            let error = match e {
+            let function_exit = match e {
+                RunError::KrmFunctionFailed { code, .. } => Some(*code),
+                _ => None,
+            };
+            let error = match function_exit {
                 // The summary shows the function's stderr: not twice.
-                RunError::KrmFunctionFailed { code, .. } => {
-                    format!("function exited with code {code}")
-                }
-                other => crate::error_line(other),
-            };
-            let exit_code = if function_ran(e) {
-                exit_code
-            } else {
-                i32::from(code)
+                Some(code) => format!("function exited with code {code}"),
+                None => crate::error_line(e),
             };
             let report = Report {
                 image: &image,
                 elapsed,
-                exit_code,
+                exit_code: function_exit.unwrap_or(i32::from(code)),
+                function_exit,
                 results,
                 stderr,
                 error: Some(error),
@@ -433,8 +431,8 @@ fn write_summary(out: &mut impl Write, report: &Report<'_>, started: bool) -> st
             writeln!(out, "    {line}")?;
         }
     }
-    if report.error.is_some() && report.exit_code != 0 {
-        writeln!(out, "  Exit code: {}", report.exit_code)?;
+    if let Some(code) = report.function_exit {
+        writeln!(out, "  Exit code: {code}")?;
     }
     Ok(())
 }
@@ -605,6 +603,7 @@ mod tests {
             image: "example.org/fn:v1",
             elapsed: Duration::from_micros(1_234_567),
             exit_code: i32::from(error.is_some()),
+            function_exit: error.is_some().then_some(1),
             results,
             stderr,
             error: error.map(str::to_owned),
