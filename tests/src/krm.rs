@@ -245,3 +245,68 @@ mod tests {
         assert!(shell_words("").unwrap().is_empty());
     }
 }
+
+/// One `EvaluateFunction` call of the grpc-go client (`tests/go/evaluate`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evaluated {
+    pub image: String,
+    /// `OK` or grpc-go's name of the status code (`Internal`).
+    pub code: String,
+    pub message: String,
+    pub resource_list: String,
+    pub log: String,
+    /// When the call started and ended, in milliseconds from the first start.
+    pub started_ms: u64,
+    pub finished_ms: u64,
+}
+
+/// Calls `EvaluateFunction` with grpc-go for each of `images` at once, on
+/// `target` (`unix:PATH`, or `unix-abstract:NAME` when `abstract_socket`),
+/// with `tag` and `input`.
+pub fn go_evaluate(
+    target: &str,
+    abstract_socket: bool,
+    images: &[&str],
+    tag: &str,
+    input: &[u8],
+) -> Result<Vec<Evaluated>> {
+    let bin = crate::go::Toolchain::find()?
+        .build("evaluate", &[tool_cache::Protos::fnrun_evaluator()])?;
+    let mut cmd = Command::new(&bin);
+    cmd.args(["-target", target, "-tag", tag, "-input", "-"]);
+    if abstract_socket {
+        cmd.arg("-abstract");
+    }
+    for image in images {
+        cmd.args(["-image", image]);
+    }
+    let out = run_capture(&mut cmd, Some(input), crate::python::GUARD);
+    if out.code != Some(0) {
+        bail!("evaluate {target} failed: {}", out.describe());
+    }
+    let calls: Vec<serde_json::Value> = serde_json::from_str(&out.stdout)
+        .with_context(|| format!("evaluate printed no JSON array: {}", out.describe()))?;
+    calls
+        .iter()
+        .map(|c| {
+            let s = |k: &str| -> Result<String> {
+                c[k].as_str()
+                    .map(str::to_owned)
+                    .with_context(|| format!("no string {k:?} in {c}"))
+            };
+            let n = |k: &str| -> Result<u64> {
+                c[k].as_u64()
+                    .with_context(|| format!("no number {k:?} in {c}"))
+            };
+            Ok(Evaluated {
+                image: s("image")?,
+                code: s("code")?,
+                message: s("message")?,
+                resource_list: s("resource_list")?,
+                log: s("log")?,
+                started_ms: n("started_ms")?,
+                finished_ms: n("finished_ms")?,
+            })
+        })
+        .collect()
+}

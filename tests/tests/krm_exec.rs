@@ -20,11 +20,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use fnrun_tests::cli::CLI_GUARD;
+use fnrun_tests::fnrun_bin;
 use fnrun_tests::go;
 use fnrun_tests::krm::{self, RESOURCE_LIST, kpt_exec, kustomize, labels, results, with_config};
 use fnrun_tests::process::run_capture;
 use fnrun_tests::registry::Registry;
-use fnrun_tests::fnrun_bin;
 
 /// The Go KRM function in a fresh registry, and a cache dir for fnrun.
 fn setup() -> (Registry, String, tempfile::TempDir) {
@@ -270,7 +270,11 @@ fn kpt_fn_render_runs_a_kptfile_pipelines_exec_functions() {
     assert_eq!(out.code, Some(0), "{}", out.describe());
     assert_eq!(
         labels(&out.stdout, "tier"),
-        [Some("gold".into()), Some("gold".into()), Some("gold".into())]
+        [
+            Some("gold".into()),
+            Some("gold".into()),
+            Some("gold".into())
+        ]
     );
     assert_eq!(
         krm::parse(&out.stdout)["items"][2]["kind"].as_str(),
