@@ -183,7 +183,7 @@ impl Runner {
         let result = self.run_inner(req).await;
         self.maybe_prune();
         let elapsed = start.elapsed();
-        let ms = elapsed.as_millis() as u64;
+        let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match &result {
             Ok(out) => {
                 self.metrics.run_finished("ok", elapsed);
@@ -193,7 +193,9 @@ impl Runner {
                     outcome = "ok",
                     duration_ms = ms,
                     peak_memory_bytes = out.peak_memory_bytes,
-                    cpu_time_ms = out.cpu_time.map(|d| d.as_millis() as u64),
+                    cpu_time_ms = out
+                        .cpu_time
+                        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                     "function run"
                 );
             }

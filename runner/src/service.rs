@@ -110,7 +110,8 @@ pub fn decode(req: RunFunctionRequest) -> Result<RunRequest, String> {
             if t.seconds < 0 || t.nanos < 0 {
                 return Err(format!("timeout {}s{}ns is negative", t.seconds, t.nanos));
             }
-            let t = Duration::new(t.seconds as u64, t.nanos as u32);
+            // Both checked non-negative above.
+            let t = Duration::new(t.seconds.unsigned_abs(), t.nanos.unsigned_abs());
             run.timeout = if t.is_zero() { DEFAULT_TIMEOUT } else { t };
         }
     }

@@ -377,7 +377,7 @@ async fn inits_come_from_an_execed_spawner_which_is_replaced_when_killed() {
 
     // Killed, it is replaced at the next run, which works.
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first as i32),
+        nix::unistd::Pid::from_raw(i32::try_from(first).expect("pids fit in i32")),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();

@@ -732,7 +732,10 @@ impl Harness {
         let left = poll(Duration::from_secs(10), marked_processes).await;
         if !left.is_empty() {
             fnrun_tests::fixtures::kill_pids(
-                &left.iter().map(|(p, _)| *p as i32).collect::<Vec<_>>(),
+                &left
+                    .iter()
+                    .map(|(p, _)| i32::try_from(*p).expect("pids fit in i32"))
+                    .collect::<Vec<_>>(),
             );
             problems.push(format!(
                 "{} processes of the run remain on the host, e.g. {:?}",

@@ -5,7 +5,7 @@ use std::os::fd::RawFd;
 
 use nix::errno::Errno;
 
-use super::{SysResult, check, check_int, close};
+use super::{SysResult, check, check_int, close, to_int};
 
 pub fn mount(
     source: Option<&CStr>,
@@ -98,7 +98,7 @@ pub fn mount_flags(path: &CStr) -> SysResult<libc::c_ulong> {
             &mut st as *mut libc::statfs64,
         )
     })?;
-    let st_flags = st.f_flags as libc::c_ulong;
+    let st_flags = libc::c_ulong::try_from(st.f_flags).map_err(|_| Errno::EOVERFLOW)?;
     let mut flags = 0;
     for (st_flag, ms_flag) in [
         (libc::ST_NOSUID, libc::MS_NOSUID),
@@ -119,7 +119,7 @@ pub fn mount_flags(path: &CStr) -> SysResult<libc::c_ulong> {
 pub fn fsopen(fstype: &CStr) -> SysResult<RawFd> {
     // SAFETY: fstype is NUL-terminated; the flag is an integer.
     check(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), libc::FSOPEN_CLOEXEC) })
-        .map(|fd| fd as RawFd)
+        .and_then(to_int)
 }
 
 /// fsconfig(2) `FSCONFIG_SET_STRING`: sets parameter `key` of context `fs`.
@@ -175,7 +175,7 @@ pub fn fsconfig_create(fs: RawFd) -> SysResult<()> {
 pub fn fsmount(fs: RawFd, attributes: u64) -> SysResult<RawFd> {
     // SAFETY: integer arguments only.
     check(unsafe { libc::syscall(libc::SYS_fsmount, fs, libc::FSMOUNT_CLOEXEC, attributes) })
-        .map(|fd| fd as RawFd)
+        .and_then(to_int)
 }
 
 /// move_mount(2) of the detached mount `mnt` onto `target`.
