@@ -66,8 +66,8 @@ pub enum Class {
 pub enum RunError {
     #[error("input is not a FunctionIO: {0}")]
     InvalidInput(#[source] fnrun_api::functionio::Error),
-    #[error("{0}")]
-    InvalidRequest(String),
+    #[error(transparent)]
+    InvalidRequest(#[from] RequestError),
     #[error("runner is at capacity: {max_concurrency} runs in flight and {max_queue} calls queued")]
     Overloaded {
         max_concurrency: usize,
@@ -101,6 +101,31 @@ pub enum RunError {
 
 /// `; stderr: TAIL`, the tail bounded to [`STDERR_QUOTE_MAX`]; nothing if the
 /// function wrote nothing.
+/// Why a request is refused before any work starts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("image is required")]
+    NoImage,
+    #[error("unknown image pull policy {0}")]
+    PullPolicy(i32),
+    #[error("unknown network policy {0}")]
+    NetworkPolicy(i32),
+    #[error("memory limit {0}")]
+    Memory(#[source] fnrun_api::quantity::Error),
+    #[error("cpu limit {0}")]
+    Cpu(#[source] fnrun_api::quantity::Error),
+    #[error("timeout {seconds}s{nanos}ns is negative")]
+    NegativeTimeout { seconds: i64, nanos: i32 },
+    #[error("timeout must be positive")]
+    ZeroTimeout,
+    #[error("image pull auth is not base64")]
+    AuthNotBase64,
+    #[error("image pull auth is not UTF-8 once decoded")]
+    AuthNotUtf8,
+    #[error("image pull auth is not base64 of user:password")]
+    AuthNotUserPassword,
+}
+
 fn stderr_suffix(stderr: &str) -> String {
     let s = stderr.trim();
     if s.is_empty() {

@@ -11,7 +11,7 @@ use fnrun_cache::{Cache, Credentials, ErrorKind, GetOptions, Got, ImageRef, Pull
 use fnrun_sandbox::{IdMap, Limits, Network, RunSpec, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::error::{IMAGE_REF_MAX, LINE_MAX, RunError, bounded};
+use crate::error::{IMAGE_REF_MAX, LINE_MAX, RequestError, RunError, bounded};
 use crate::metrics::Metrics;
 use crate::user;
 
@@ -231,7 +231,7 @@ impl Runner {
             .slots
             .acquire()
             .await
-            .map_err(|_| RunError::InvalidRequest("runner is shutting down".into()))?;
+            .expect("the run slots' semaphore is never closed");
         self.metrics.queue_wait.observe(start.elapsed());
         Ok(permit)
     }
@@ -257,7 +257,7 @@ impl Runner {
         // Everything about the request is checked before any work starts.
         functionio::validate(&req.input).map_err(RunError::InvalidInput)?;
         if req.timeout.is_zero() {
-            return Err(RunError::InvalidRequest("timeout must be positive".into()));
+            return Err(RequestError::ZeroTimeout.into());
         }
         let reference = self.cache.parse_reference(&req.image)?;
         self.check_registry(&reference)?;
