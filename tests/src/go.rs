@@ -8,8 +8,8 @@
 //! some ten seconds, later ones none.
 //!
 //! Debian packages: golang-go, golang-google-grpc-dev,
-//! golang-google-protobuf-dev, protobuf-compiler, protoc-gen-go,
-//! protoc-gen-go-grpc (`scripts/test` installs them).
+//! golang-google-protobuf-dev, golang-gopkg-yaml.v3-dev, protobuf-compiler,
+//! protoc-gen-go, protoc-gen-go-grpc (`scripts/test` installs them).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,13 +27,15 @@ pub const DEBIAN_GOPATH: &str = "/usr/share/gocode";
 /// (a shim over `google.golang.org/protobuf`) to take the stubs
 /// protoc-gen-go writes today.
 pub const PACKAGES: &str = "golang-go golang-google-grpc-dev golang-google-protobuf-dev \
-     golang-github-golang-protobuf-1-5-dev protobuf-compiler protoc-gen-go protoc-gen-go-grpc";
+     golang-github-golang-protobuf-1-5-dev golang-gopkg-yaml.v3-dev protobuf-compiler \
+     protoc-gen-go protoc-gen-go-grpc";
 
 /// The Go libraries the programs build against: part of every build's key.
 const LIBRARIES: &[&str] = &[
     "google.golang.org/grpc",
     "google.golang.org/protobuf",
     "github.com/golang/protobuf",
+    "gopkg.in/yaml.v3",
 ];
 
 /// The Go toolchain and the protoc plugins.
@@ -137,6 +139,17 @@ impl Toolchain {
             std::fs::copy(&file, &to).with_context(|| format!("cannot copy {}", file.display()))?;
         }
         for set in protos {
+            // protoc-gen-go needs every file's Go import path: a proto
+            // without a go_package option gets its set's.
+            let mapping: Vec<String> = set
+                .go_package
+                .iter()
+                .flat_map(|package| {
+                    set.files
+                        .iter()
+                        .map(move |file| format!("M{}={package}", file.display()))
+                })
+                .collect();
             check_output(
                 Command::new(&self.protoc)
                     .arg(format!(
@@ -151,6 +164,8 @@ impl Toolchain {
                     .arg(&set.root)
                     .arg(format!("--go_out={}", src.display()))
                     .arg(format!("--go-grpc_out={}", src.display()))
+                    .args(mapping.iter().map(|m| format!("--go_opt={m}")))
+                    .args(mapping.iter().map(|m| format!("--go-grpc_opt={m}")))
                     .args(&set.files),
             )
             .context("cannot generate the Go stubs")?;

@@ -149,6 +149,9 @@ pub struct Protos {
     pub root: PathBuf,
     /// The files, relative to `root`.
     pub files: Vec<PathBuf>,
+    /// The Go import path of the files' package, for protos without a
+    /// `go_package` option (protoc-gen-go needs one).
+    pub go_package: Option<String>,
 }
 
 impl Protos {
@@ -159,6 +162,7 @@ impl Protos {
             files: vec![PathBuf::from(
                 "apiextensions/fn/proto/v1alpha1/run_function.proto",
             )],
+            go_package: None,
         }
     }
 
@@ -170,6 +174,9 @@ impl Protos {
             let contents =
                 std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
             key.part(&file.to_string_lossy(), contents);
+        }
+        if let Some(package) = &self.go_package {
+            key.part("go package", package);
         }
         Ok(())
     }
