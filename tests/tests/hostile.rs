@@ -1204,7 +1204,7 @@ fn test_user() -> Option<TestUser> {
     Some(ensure_test_user().expect("the test user exists"))
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_functions_are_contained_as_root_and_rootless() {
     let registry = Registry::start().expect("registry starts");
     let listener = Listener::start();
