@@ -73,8 +73,8 @@ pub enum RunError {
     InvalidInput(#[source] fnrun_api::functionio::Error),
     #[error("input is not a ResourceList: {0}")]
     InvalidResourceList(#[source] resourcelist::Error),
-    #[error("{0}")]
-    InvalidRequest(String),
+    #[error(transparent)]
+    InvalidRequest(#[from] RequestError),
     #[error("runner is at capacity: {max_concurrency} runs in flight and {max_queue} calls queued")]
     Overloaded {
         max_concurrency: usize,
@@ -82,11 +82,8 @@ pub enum RunError {
     },
     #[error("images from registry {registry:?} are not allowed on this runner")]
     RegistryNotAllowed { registry: String },
-    #[error("no tag of {repository} starting with v is a version that satisfies {}", text::bounded(.constraint, 200))]
-    NoMatchingTag {
-        repository: String,
-        constraint: String,
-    },
+    #[error(transparent)]
+    Tag(#[from] crate::evaluator::tag::TagError),
     #[error("{0}")]
     Image(#[from] fnrun_cache::Error),
     #[error("{0}")]
@@ -147,6 +144,31 @@ fn results_suffix(returned: &Option<Box<Returned>>) -> String {
     }
 }
 
+/// Why a request is refused before any work starts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("image is required")]
+    NoImage,
+    #[error("unknown image pull policy {0}")]
+    PullPolicy(i32),
+    #[error("unknown network policy {0}")]
+    NetworkPolicy(i32),
+    #[error("memory limit {0}")]
+    Memory(#[source] fnrun_api::quantity::Error),
+    #[error("cpu limit {0}")]
+    Cpu(#[source] fnrun_api::quantity::Error),
+    #[error("timeout {seconds}s{nanos}ns is negative")]
+    NegativeTimeout { seconds: i64, nanos: i32 },
+    #[error("timeout must be positive")]
+    ZeroTimeout,
+    #[error("image pull auth is not base64")]
+    AuthNotBase64,
+    #[error("image pull auth is not UTF-8 once decoded")]
+    AuthNotUtf8,
+    #[error("image pull auth is not base64 of user:password")]
+    AuthNotUserPassword,
+}
+
 /// `; stderr: TAIL`, the tail bounded to [`STDERR_QUOTE_MAX`]; nothing if the
 /// function wrote nothing.
 fn stderr_suffix(stderr: &str) -> String {
@@ -178,7 +200,8 @@ impl RunError {
             | RunError::InvalidRequest(_) => Class::InvalidArgument,
             RunError::Overloaded { .. } => Class::ResourceExhausted,
             RunError::RegistryNotAllowed { .. } => Class::PermissionDenied,
-            RunError::NoMatchingTag { .. } => Class::NotFound,
+            RunError::Tag(e) if e.is_not_found() => Class::NotFound,
+            RunError::Tag(_) => Class::InvalidArgument,
             RunError::Image(e) => match e.kind() {
                 CacheKind::InvalidReference => Class::InvalidArgument,
                 CacheKind::NotFound => Class::NotFound,
@@ -217,7 +240,9 @@ impl RunError {
             | RunError::InvalidRequest(_)
             | RunError::RegistryNotAllowed { .. } => "invalid_request",
             RunError::Overloaded { .. } => "rejected",
-            RunError::Image(_) | RunError::NoMatchingTag { .. } => "image_error",
+            RunError::Image(_) => "image_error",
+            RunError::Tag(e) if e.is_not_found() => "image_error",
+            RunError::Tag(_) => "invalid_request",
             RunError::User(e) if e.is_internal() => "image_error",
             RunError::User(_) => "invalid_request",
             RunError::Sandbox(_) => "sandbox_error",

@@ -172,7 +172,14 @@ fn exit_code(class: Class) -> u8 {
     match class {
         Class::InvalidArgument => EXIT_USAGE,
         Class::DeadlineExceeded => EXIT_TIMEOUT,
-        _ => EXIT_FAILED,
+        Class::NotFound
+        | Class::Unauthenticated
+        | Class::PermissionDenied
+        | Class::FailedPrecondition
+        | Class::ResourceExhausted
+        | Class::Aborted
+        | Class::Unavailable
+        | Class::Internal => EXIT_FAILED,
     }
 }
 

@@ -19,7 +19,9 @@ use fnrun_cache::{Cache, Credentials, ErrorKind, GetOptions, Got, Image, ImageRe
 use fnrun_sandbox::{BindMount, HostUser, IdMap, Limits, Network, RunSpec, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::error::{IMAGE_REF_MAX, LINE_MAX, OutputError, Returned, RunError, bounded};
+use crate::error::{
+    IMAGE_REF_MAX, LINE_MAX, OutputError, RequestError, Returned, RunError, bounded,
+};
 use crate::metrics::Metrics;
 use crate::user;
 
@@ -251,7 +253,7 @@ impl Runner {
         let result = self.run_inner(req).await;
         self.maybe_prune();
         let elapsed = start.elapsed();
-        let ms = elapsed.as_millis() as u64;
+        let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match &result {
             Ok(out) => {
                 self.metrics.run_finished("ok", elapsed);
@@ -261,7 +263,9 @@ impl Runner {
                     outcome = "ok",
                     duration_ms = ms,
                     peak_memory_bytes = out.peak_memory_bytes,
-                    cpu_time_ms = out.cpu_time.map(|d| d.as_millis() as u64),
+                    cpu_time_ms = out
+                        .cpu_time
+                        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                     "function run"
                 );
             }
@@ -322,7 +326,7 @@ impl Runner {
             .slots
             .acquire()
             .await
-            .map_err(|_| RunError::InvalidRequest("runner is shutting down".into()))?;
+            .expect("the run slots' semaphore is never closed");
         self.metrics.queue_wait.observe(start.elapsed());
         Ok(permit)
     }
@@ -356,7 +360,7 @@ impl Runner {
             }
         }
         if req.timeout.is_zero() {
-            return Err(RunError::InvalidRequest("timeout must be positive".into()));
+            return Err(RequestError::ZeroTimeout.into());
         }
         let reference = self.cache.parse_reference(&req.image)?;
         self.check_registry(&reference)?;

@@ -424,6 +424,9 @@ const SECUREBITS: libc::c_ulong = (libc::SECBIT_NOROOT
 /// this value and the current hard limit. Enough descriptors for any server
 /// (as container runtimes give), and no core dumps (they would fill the run's
 /// writable layer).
+// The RLIMIT_* numbers are small (4, 7): the cast to the raw call's int
+// cannot wrap.
+#[allow(clippy::cast_possible_wrap)]
 const RLIMITS: [(libc::c_int, u64); 2] = [
     (libc::RLIMIT_NOFILE as libc::c_int, 1 << 20),
     (libc::RLIMIT_CORE as libc::c_int, 0),

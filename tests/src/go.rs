@@ -143,19 +143,19 @@ impl Toolchain {
             std::fs::copy(&file, &to).with_context(|| format!("cannot copy {}", file.display()))?;
         }
         for set in protos {
-            // Files without a `go_package` get theirs from the command line.
-            let mapped: Vec<String> = match &set.go_package {
-                Some(package) => set
-                    .files
-                    .iter()
-                    .map(|f| format!("M{}={package}", f.display()))
-                    .collect(),
-                None => Vec::new(),
-            };
+            // protoc-gen-go needs every file's Go import path: a proto
+            // without a go_package option gets its set's.
+            let mapping: Vec<String> = set
+                .go_package
+                .iter()
+                .flat_map(|package| {
+                    set.files
+                        .iter()
+                        .map(move |file| format!("M{}={package}", file.display()))
+                })
+                .collect();
             check_output(
                 Command::new(&self.protoc)
-                    .args(mapped.iter().map(|m| format!("--go_opt={m}")))
-                    .args(mapped.iter().map(|m| format!("--go-grpc_opt={m}")))
                     .arg(format!(
                         "--plugin=protoc-gen-go={}",
                         self.protoc_gen_go.display()
@@ -168,6 +168,8 @@ impl Toolchain {
                     .arg(&set.root)
                     .arg(format!("--go_out={}", src.display()))
                     .arg(format!("--go-grpc_out={}", src.display()))
+                    .args(mapping.iter().map(|m| format!("--go_opt={m}")))
+                    .args(mapping.iter().map(|m| format!("--go-grpc_opt={m}")))
                     .args(&set.files),
             )
             .context("cannot generate the Go stubs")?;

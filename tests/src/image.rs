@@ -1,5 +1,6 @@
-//! Test images: busybox plus caller files, built with umoci and pushed with
-//! skopeo, exactly as a user would build a small function image.
+//! Test images: busybox (or nothing) plus caller files and host files, built
+//! with umoci and pushed with skopeo, exactly as a user would build a small
+//! function image.
 
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
@@ -80,12 +81,25 @@ struct ImageFile {
     mode: u32,
 }
 
+/// A host file or tree to copy into an image.
+#[derive(Debug, Clone)]
+struct HostCopy {
+    host: PathBuf,
+    path: String,
+    /// The mode of a copied file; `None` keeps the host's.
+    mode: Option<u32>,
+}
+
 /// A busybox image being described; [`TestImage::build`] makes it.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct TestImage {
     tag: String,
+    /// Whether the rootfs starts with busybox and its applets.
+    busybox: bool,
     files: Vec<ImageFile>,
+    /// Host files and trees copied in, after `files`.
+    copies: Vec<HostCopy>,
     dirs: Vec<(String, u32)>,
     /// (path, target), made last: each replaces whatever is at its path.
     symlinks: Vec<(String, String)>,
@@ -104,7 +118,9 @@ impl TestImage {
     pub fn busybox() -> TestImage {
         TestImage {
             tag: "latest".to_owned(),
+            busybox: true,
             files: Vec::new(),
+            copies: Vec::new(),
             dirs: Vec::new(),
             symlinks: Vec::new(),
             entrypoint: None,
@@ -113,6 +129,16 @@ impl TestImage {
             workdir: None,
             user: None,
             layers: Vec::new(),
+        }
+    }
+
+    /// An image with only `/etc/passwd`, `/etc/group` and `/tmp` until files
+    /// are added: as `FROM scratch` or a distroless base. `PATH` is set as for
+    /// busybox images.
+    pub fn scratch() -> TestImage {
+        TestImage {
+            busybox: false,
+            ..TestImage::busybox()
         }
     }
 
@@ -140,6 +166,31 @@ impl TestImage {
             path: path.to_owned(),
             contents: contents.as_ref().to_vec(),
             mode,
+        });
+        self
+    }
+
+    /// Copies the host file `host` to `path` (absolute, inside the image)
+    /// with mode 0755, when the image is built: a program such as a static Go
+    /// binary.
+    pub fn binary(mut self, host: impl Into<PathBuf>, path: &str) -> Self {
+        self.copies.push(HostCopy {
+            host: host.into(),
+            path: path.to_owned(),
+            mode: Some(0o755),
+        });
+        self
+    }
+
+    /// Copies the host file or directory tree `host` to `path` (absolute,
+    /// inside the image) when the image is built, with `cp -a`: modes,
+    /// symlinks and timestamps as they are. `path` `/` copies a tree's
+    /// contents into the root. Copies are made after [`TestImage::file`]s.
+    pub fn host_copy(mut self, host: impl Into<PathBuf>, path: &str) -> Self {
+        self.copies.push(HostCopy {
+            host: host.into(),
+            path: path.to_owned(),
+            mode: None,
         });
         self
     }
@@ -308,14 +359,16 @@ impl TestImage {
     }
 
     fn populate(&self, rootfs: &Path) -> Result<()> {
-        let bin = rootfs.join("bin");
-        fs::create_dir_all(&bin)?;
-        fs::copy(BUSYBOX, bin.join("busybox")).with_context(|| {
-            format!("cannot copy {BUSYBOX} (install the busybox-static package)")
-        })?;
-        fs::set_permissions(bin.join("busybox"), fs::Permissions::from_mode(0o755))?;
-        for applet in APPLETS {
-            symlink("busybox", bin.join(applet))?;
+        if self.busybox {
+            let bin = rootfs.join("bin");
+            fs::create_dir_all(&bin)?;
+            fs::copy(BUSYBOX, bin.join("busybox")).with_context(|| {
+                format!("cannot copy {BUSYBOX} (install the busybox-static package)")
+            })?;
+            fs::set_permissions(bin.join("busybox"), fs::Permissions::from_mode(0o755))?;
+            for applet in APPLETS {
+                symlink("busybox", bin.join(applet))?;
+            }
         }
         let etc = rootfs.join("etc");
         fs::create_dir_all(&etc)?;
@@ -335,6 +388,9 @@ impl TestImage {
                 fs::create_dir_all(parent)?;
             }
             write_mode(&path, &file.contents, file.mode)?;
+        }
+        for copy in &self.copies {
+            copy_in(rootfs, copy)?;
         }
         for (path, target) in &self.symlinks {
             let path = inside(rootfs, path);
@@ -360,6 +416,31 @@ fn umoci<'a>(
     check_output(Command::new("umoci").args(args).args(paths))
 }
 
+/// `cp -a` of the host file or tree `host` to `path` inside `rootfs`; a
+/// directory onto an existing one merges into it.
+fn copy_in(rootfs: &Path, copy: &HostCopy) -> Result<()> {
+    let host = &copy.host;
+    let to = inside(rootfs, &copy.path);
+    if let Some(parent) = to.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    let meta = fs::metadata(host).with_context(|| format!("cannot copy {}", host.display()))?;
+    let mut cp = Command::new("cp");
+    cp.arg("-a");
+    if meta.is_dir() {
+        fs::create_dir_all(&to)?;
+        cp.arg(format!("{}/.", host.display())).arg(&to);
+    } else {
+        cp.arg("--no-target-directory").arg(host).arg(&to);
+    }
+    check_output(&mut cp)
+        .with_context(|| format!("cannot copy {} into the image", host.display()))?;
+    if let Some(mode) = copy.mode.filter(|_| !meta.is_dir()) {
+        fs::set_permissions(&to, fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
 fn inside(rootfs: &Path, path: &str) -> PathBuf {
     rootfs.join(path.trim_start_matches('/'))
 }
@@ -380,15 +461,66 @@ fn remove_tree(path: &Path) -> Result<()> {
     fs::remove_dir_all(path).with_context(|| format!("cannot remove {}", path.display()))
 }
 
-/// An image in an OCI layout on disk; the layout is removed on drop.
+/// An image in an OCI layout on disk. A layout built by [`TestImage::build`]
+/// is removed on drop; one opened with [`BuiltImage::open`] (a cached image)
+/// is left as it is.
 #[derive(Debug)]
 pub struct BuiltImage {
+    /// The built layout's temp dir, or scratch space for an opened one.
     dir: TempDir,
     layout: PathBuf,
     tag: String,
 }
 
 impl BuiltImage {
+    /// The existing OCI layout `layout`, tag `tag`, which this value does not
+    /// own.
+    pub fn open(layout: &Path, tag: &str) -> Result<BuiltImage> {
+        if !layout.join("index.json").is_file() {
+            anyhow::bail!("{} is not an OCI image layout", layout.display());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("fnrun-image-")
+            .tempdir()
+            .context("cannot create the image's temp dir")?;
+        Ok(BuiltImage {
+            dir,
+            layout: layout.to_path_buf(),
+            tag: tag.to_owned(),
+        })
+    }
+
+    /// Copies the layout to `dest` (which must not exist), e.g. into a cache.
+    pub fn copy_layout_to(&self, dest: &Path) -> Result<()> {
+        check_output(
+            Command::new("cp")
+                .arg("-a")
+                .arg("--no-target-directory")
+                .arg(&self.layout)
+                .arg(dest),
+        )?;
+        Ok(())
+    }
+
+    /// Unpacks the image with umoci into the bundle `dest` (which must not
+    /// exist); returns its root filesystem, `dest/rootfs`.
+    pub fn unpack(&self, dest: &Path) -> Result<PathBuf> {
+        let mut unpack = Command::new("umoci");
+        unpack.arg("unpack");
+        if !is_root() {
+            unpack.arg("--rootless");
+        }
+        check_output(
+            unpack
+                .args([
+                    "--image",
+                    &format!("{}:{}", self.layout.display(), self.tag),
+                ])
+                .arg(dest),
+        )?;
+        Ok(dest.join("rootfs"))
+    }
+
     /// The OCI image layout directory.
     pub fn layout(&self) -> &Path {
         &self.layout
@@ -428,7 +560,8 @@ impl BuiltImage {
             Command::new("chmod")
                 .arg("-R")
                 .arg("a+rX")
-                .arg(self.dir.path()),
+                .arg(self.dir.path())
+                .arg(&self.layout),
         )?;
         Ok(())
     }

@@ -149,8 +149,8 @@ pub struct Protos {
     pub root: PathBuf,
     /// The files, relative to `root`.
     pub files: Vec<PathBuf>,
-    /// The Go import path of the files' package, for files without a
-    /// `go_package` option.
+    /// The Go import path of the files' package, for protos without a
+    /// `go_package` option (protoc-gen-go needs one).
     pub go_package: Option<String>,
 }
 
@@ -179,14 +179,14 @@ impl Protos {
     /// Adds the files' paths and contents to `key`.
     pub fn hash_into(&self, key: &mut Key) -> Result<()> {
         key.part("proto root", self.root.to_string_lossy().as_bytes());
-        if let Some(package) = &self.go_package {
-            key.part("go package", package.as_bytes());
-        }
         for file in &self.files {
             let path = self.root.join(file);
             let contents =
                 std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
             key.part(&file.to_string_lossy(), contents);
+        }
+        if let Some(package) = &self.go_package {
+            key.part("go package", package);
         }
         Ok(())
     }

@@ -257,7 +257,7 @@ async fn tag_is_a_version_constraint_resolved_against_the_registry() {
     let digest = format!("{base}@sha256:{}", "0".repeat(64));
     for (image, tag, code, want) in [
         (base.clone(), "> 2", Code::NotFound, "no tag of"),
-        (base.clone(), "0.3.0", Code::NotFound, "satisfies 0.3.0"),
+        (base.clone(), "0.3.0", Code::NotFound, "satisfies \"0.3.0\""),
         (
             base.clone(),
             "newest",

@@ -124,6 +124,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
         return f64::NAN;
     }
     // Nearest-rank.
+    // A rank between 0 and the length (p is a percentage): the float to
+    // integer conversion saturates and cannot lose anything that matters.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }

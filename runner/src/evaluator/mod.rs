@@ -20,7 +20,7 @@
 //! (`$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`), as for
 //! `fnrun run`: Porch's requests carry none.
 
-mod semver;
+pub mod semver;
 pub mod tag;
 
 use std::sync::Arc;

@@ -11,9 +11,32 @@
 use fnrun_api::Quoted;
 use fnrun_cache::{Credentials, ImageRef};
 
-use super::semver::{Constraint, Version};
+use super::semver::{Constraint, SemverError, Version};
 use crate::error::RunError;
 use crate::runner::Runner;
+
+/// Why a `Tag` chooses no image.
+#[derive(Debug, thiserror::Error)]
+pub enum TagError {
+    #[error("Tag {tag} is not a version constraint: {error}")]
+    NotAConstraint { tag: Quoted, error: SemverError },
+    #[error("Tag {tag} needs a registry image, whose tags can be listed; {image} is not one")]
+    NotARegistryImage { tag: Quoted, image: Quoted },
+    #[error("image {image} is pinned by its digest: Tag {tag} cannot choose another version")]
+    PinnedByDigest { image: Quoted, tag: Quoted },
+    #[error("no tag of {repository} starting with v is a version that satisfies {constraint}")]
+    NoMatch {
+        repository: String,
+        constraint: Quoted,
+    },
+}
+
+impl TagError {
+    /// Whether no such image exists (else the request is wrong).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, TagError::NoMatch { .. })
+    }
+}
 
 /// The image to run for `image` and `tag`.
 pub async fn resolve(
@@ -25,11 +48,9 @@ pub async fn resolve(
     if tag.is_empty() {
         return Ok(image.to_owned());
     }
-    let constraint = Constraint::parse(tag).map_err(|e| {
-        RunError::InvalidRequest(format!(
-            "Tag {} is not a version constraint: {e}",
-            Quoted::new(tag)
-        ))
+    let constraint = Constraint::parse(tag).map_err(|error| TagError::NotAConstraint {
+        tag: Quoted::new(tag),
+        error,
     })?;
     let reference = runner.cache().parse_reference(image)?;
     let ImageRef::Registry {
@@ -39,24 +60,24 @@ pub async fn resolve(
         ..
     } = &reference
     else {
-        return Err(RunError::InvalidRequest(format!(
-            "Tag {} needs a registry image, whose tags can be listed; {} is not one",
-            Quoted::new(tag),
-            Quoted::new(image)
-        )));
+        return Err(TagError::NotARegistryImage {
+            tag: Quoted::new(tag),
+            image: Quoted::new(image),
+        }
+        .into());
     };
     if digest.is_some() {
-        return Err(RunError::InvalidRequest(format!(
-            "image {} is pinned by its digest: Tag {} cannot choose another version",
-            Quoted::new(image),
-            Quoted::new(tag)
-        )));
+        return Err(TagError::PinnedByDigest {
+            image: Quoted::new(image),
+            tag: Quoted::new(tag),
+        }
+        .into());
     }
     runner.check_registry(&reference)?;
     let tags = runner.cache().list_tags(&reference, credentials).await?;
-    let best = highest(&tags, &constraint).ok_or_else(|| RunError::NoMatchingTag {
+    let best = highest(&tags, &constraint).ok_or_else(|| TagError::NoMatch {
         repository: format!("{registry}/{repository}"),
-        constraint: tag.to_owned(),
+        constraint: Quoted::new(tag),
     })?;
     Ok(format!("{registry}/{repository}:{best}"))
 }

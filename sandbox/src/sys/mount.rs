@@ -5,7 +5,7 @@ use std::os::fd::RawFd;
 
 use nix::errno::Errno;
 
-use super::{SysResult, check, check_int, close};
+use super::{SysResult, check, check_int, close, to_int};
 
 pub fn mount(
     source: Option<&CStr>,
@@ -98,7 +98,7 @@ pub fn mount_flags(path: &CStr) -> SysResult<libc::c_ulong> {
             &mut st as *mut libc::statfs64,
         )
     })?;
-    let st_flags = st.f_flags as libc::c_ulong;
+    let st_flags = libc::c_ulong::try_from(st.f_flags).map_err(|_| Errno::EOVERFLOW)?;
     let mut flags = 0;
     for (st_flag, ms_flag) in [
         (libc::ST_NOSUID, libc::MS_NOSUID),
@@ -119,7 +119,7 @@ pub fn mount_flags(path: &CStr) -> SysResult<libc::c_ulong> {
 pub fn fsopen(fstype: &CStr) -> SysResult<RawFd> {
     // SAFETY: fstype is NUL-terminated; the flag is an integer.
     check(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), libc::FSOPEN_CLOEXEC) })
-        .map(|fd| fd as RawFd)
+        .and_then(to_int)
 }
 
 /// fsconfig(2) `FSCONFIG_SET_STRING`: sets parameter `key` of context `fs`.
@@ -175,7 +175,7 @@ pub fn fsconfig_create(fs: RawFd) -> SysResult<()> {
 pub fn fsmount(fs: RawFd, attributes: u64) -> SysResult<RawFd> {
     // SAFETY: integer arguments only.
     check(unsafe { libc::syscall(libc::SYS_fsmount, fs, libc::FSMOUNT_CLOEXEC, attributes) })
-        .map(|fd| fd as RawFd)
+        .and_then(to_int)
 }
 
 /// move_mount(2) of the detached mount `mnt` onto `target`.
@@ -209,7 +209,7 @@ impl Drop for Fd {
 pub fn openat2(dir: RawFd, path: &CStr, flags: libc::c_int, resolve: u64) -> SysResult<Fd> {
     // SAFETY: open_how is plain old data; all-zero is a valid value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = flags as u64;
+    how.flags = u64::try_from(flags).map_err(|_| Errno::EINVAL)?;
     how.resolve = resolve;
     loop {
         // SAFETY: path is NUL-terminated and `how` a valid open_how of the
@@ -226,7 +226,7 @@ pub fn openat2(dir: RawFd, path: &CStr, flags: libc::c_int, resolve: u64) -> Sys
         match check(ret) {
             Err(Errno::EINTR | Errno::EAGAIN) => continue,
             Err(e) => return Err(e),
-            Ok(fd) => return Ok(Fd(fd as RawFd)),
+            Ok(fd) => return to_int(fd).map(Fd),
         }
     }
 }
@@ -250,7 +250,8 @@ pub fn clone_tree(fd: RawFd) -> SysResult<Fd> {
         | libc::AT_RECURSIVE as libc::c_uint;
     // SAFETY: "" is NUL-terminated (AT_EMPTY_PATH names `fd` itself).
     check(unsafe { libc::syscall(libc::SYS_open_tree, fd, c"".as_ptr(), flags) })
-        .map(|fd| Fd(fd as RawFd))
+        .and_then(to_int)
+        .map(Fd)
 }
 
 /// mount_setattr(2) with `AT_RECURSIVE`: sets `attributes` (`MOUNT_ATTR_*`) on

@@ -1,0 +1,1 @@
+"""A Crossplane composition function written with crossplane-function-sdk-python."""
