@@ -199,9 +199,12 @@ pub fn validate_output(doc: &[u8]) -> Result<ResourceList, Error> {
 
 /// Whether `doc` says it is a ResourceList: a YAML mapping whose `kind` is
 /// `ResourceList`, whatever else it holds (it may still be refused by
-/// [`validate_input`]).
+/// [`validate_input`]). A document without the word is not parsed at all (so
+/// a FunctionIO is not parsed twice); one that spells it with escapes in a
+/// quoted scalar is not recognised.
 pub fn is_resource_list(doc: &[u8]) -> bool {
-    parse_mapping(doc).is_ok_and(|m| m.get("kind").and_then(Value::as_str) == Some(KIND))
+    doc.windows(KIND.len()).any(|w| w == KIND.as_bytes())
+        && parse_mapping(doc).is_ok_and(|m| m.get("kind").and_then(Value::as_str) == Some(KIND))
 }
 
 /// Reads a function configuration given on its own, as kpt's `--fn-config`
@@ -449,6 +452,8 @@ mod tests {
             "",
             "desired: {}",
             "kind: [ResourceList]",
+            // Spelt with an escape: not recognised (`--krm` says it).
+            "kind: \"Resource\\x4cist\"\nitems: []",
         ] {
             assert!(!is_resource_list(doc.as_bytes()), "{doc:?}");
         }
