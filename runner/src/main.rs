@@ -7,6 +7,8 @@ mod config;
 mod credential_helper;
 mod docker_config;
 mod error;
+mod evaluator;
+mod krm;
 mod listen;
 mod metrics;
 mod progress;
@@ -104,6 +106,15 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    // A KRM function when asked, or when the input says it is a ResourceList.
+    let krm = args.krm.krm || fnrun_api::resourcelist::is_resource_list(&input);
+    if !krm && let Some(flag) = args.krm.krm_only_flag() {
+        eprintln!(
+            "fnrun: {flag} is for KRM functions, and the input is not a ResourceList \
+             (add --krm to run the function as one)"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     let runner = match config::build_runner(&args.cache, &args.sandbox, runner::Admission::ONE) {
         Ok(r) => r,
         Err(e) => {
@@ -111,7 +122,10 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    let mut req = RunRequest::new(args.image, input);
+    let mut req = match krm {
+        true => RunRequest::krm(args.image, input),
+        false => RunRequest::new(args.image, input),
+    };
     req.timeout = args.timeout;
     req.memory_bytes = args.memory;
     req.cpu_millis = args.cpu;
@@ -127,10 +141,13 @@ fn run(args: RunArgs) -> ExitCode {
         PullPolicyArg::Always => PullPolicy::Always,
         PullPolicyArg::Never => PullPolicy::Never,
     };
-    req.network = match args.network_policy {
-        NetworkPolicyArg::Isolated => Network::Isolated,
-        NetworkPolicyArg::Runner => Network::Runner,
+    req.network = match (args.network_policy, args.krm.network) {
+        (NetworkPolicyArg::Runner, _) | (_, true) => Network::Runner,
+        (NetworkPolicyArg::Isolated, false) => Network::Isolated,
     };
+    if krm {
+        return krm::run(&runner, req, &args.krm);
+    }
     match current_thread_runtime().block_on(runner.run(req)) {
         Ok(out) => {
             let mut stdout = std::io::stdout().lock();

@@ -1,22 +1,56 @@
 //! The core: turns a request into a cached image and a sandbox run. The CLI's
-//! `run` and the gRPC service both call [`Runner::run`]; nothing here knows
-//! about tonic.
+//! `run`, the v1alpha1 service and Porch's evaluator all call [`Runner::run`];
+//! nothing here knows about tonic.
+//!
+//! A request says what the function reads and writes ([`Format`]): a
+//! Crossplane FunctionIO, or a KRM function's ResourceList, whose input and
+//! output are checked as kpt checks them and whose output is kept, with its
+//! results, even when the function fails. It also says whom the function
+//! runs as ([`RunAs`]), what it adds to the image's environment and which host
+//! paths it mounts.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+use fnrun_api::resourcelist::{self, ResourceList};
 use fnrun_api::{functionio, text};
-use fnrun_cache::{Cache, Credentials, ErrorKind, GetOptions, Got, ImageRef, PullPolicy};
-use fnrun_sandbox::{IdMap, Limits, Network, RunSpec, Sandbox, Status};
+use fnrun_cache::{Cache, Credentials, ErrorKind, GetOptions, Got, Image, ImageRef, PullPolicy};
+use fnrun_sandbox::{BindMount, HostUser, IdMap, Limits, Network, RunSpec, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::error::{IMAGE_REF_MAX, LINE_MAX, RequestError, RunError, bounded};
+use crate::error::{
+    IMAGE_REF_MAX, LINE_MAX, OutputError, RequestError, Returned, RunError, bounded,
+};
 use crate::metrics::Metrics;
 use crate::user;
 
 /// Default function timeout (SPEC.md).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);
+
+/// What a function reads on stdin and writes on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// A Crossplane FunctionIO (v1alpha1).
+    #[default]
+    FunctionIo,
+    /// A KRM function's ResourceList (kpt, kustomize, Porch).
+    ResourceList,
+}
+
+/// Whom the function runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunAs {
+    /// The image's `User`, as container runtimes run it.
+    #[default]
+    Image,
+    /// `nobody`, as kpt runs KRM functions: the image's own `nobody` if its
+    /// `/etc/passwd` has one, else 65534:65534.
+    Nobody,
+    /// This host user, mapped into the run (see [`HostUser`]): kpt's
+    /// `--as-current-user`.
+    Host(HostUser),
+}
 
 /// One function call, already decoded from gRPC or the command line.
 #[derive(Debug, Clone)]
@@ -29,6 +63,15 @@ pub struct RunRequest {
     pub memory_bytes: Option<u64>,
     pub cpu_millis: Option<u64>,
     pub timeout: Duration,
+    /// What the input and output are.
+    pub format: Format,
+    /// Whom the function runs as.
+    pub run_as: RunAs,
+    /// `KEY=VALUE` pairs added to the image's environment, replacing its own
+    /// value of a key.
+    pub env: Vec<String>,
+    /// Host paths mounted into the run.
+    pub mounts: Vec<BindMount>,
 }
 
 impl RunRequest {
@@ -43,6 +86,20 @@ impl RunRequest {
             memory_bytes: None,
             cpu_millis: None,
             timeout: DEFAULT_TIMEOUT,
+            format: Format::FunctionIo,
+            run_as: RunAs::Image,
+            env: Vec::new(),
+            mounts: Vec::new(),
+        }
+    }
+
+    /// A KRM function call with kpt's defaults: a ResourceList in and out,
+    /// run as `nobody`, no network (SPEC.md's other defaults).
+    pub fn krm(image: impl Into<String>, input: Vec<u8>) -> Self {
+        RunRequest {
+            format: Format::ResourceList,
+            run_as: RunAs::Nobody,
+            ..RunRequest::new(image, input)
         }
     }
 }
@@ -51,9 +108,22 @@ impl RunRequest {
 #[derive(Debug)]
 pub struct RunOutput {
     pub output: Vec<u8>,
+    /// The output read as a ResourceList, for [`Format::ResourceList`]: its
+    /// results say whether the function reported an error.
+    pub resource_list: Option<ResourceList>,
+    /// The tail of what the function wrote to stderr.
+    pub stderr: Vec<u8>,
     pub digest: String,
     pub peak_memory_bytes: Option<u64>,
     pub cpu_time: Option<Duration>,
+}
+
+/// What `--prefetch` got.
+#[derive(Debug)]
+pub struct Prefetched {
+    pub digest: String,
+    /// Whether it was pulled now (else it was cached).
+    pub pulled: bool,
 }
 
 /// How many runs execute at once and how many calls may wait for a slot.
@@ -213,6 +283,31 @@ impl Runner {
         result
     }
 
+    /// Gets `image` into the cache unless it is there (`--prefetch`), as a run
+    /// would: its registry must be allowed.
+    pub async fn prefetch(
+        &self,
+        image: &str,
+        credentials: Credentials,
+    ) -> Result<Prefetched, RunError> {
+        let reference = self.cache.parse_reference(image)?;
+        self.check_registry(&reference)?;
+        let got = self
+            .cache
+            .get(
+                &reference,
+                GetOptions::new(PullPolicy::IfNotPresent).credentials(credentials),
+            )
+            .await?;
+        if got.image.pulled {
+            self.metrics.pulls_ok.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Prefetched {
+            digest: got.image.digest,
+            pulled: got.image.pulled,
+        })
+    }
+
     /// A run slot, waiting in a bounded queue for one.
     async fn admit(&self) -> Result<SemaphorePermit<'_>, RunError> {
         if let Ok(permit) = self.slots.try_acquire() {
@@ -236,7 +331,8 @@ impl Runner {
         Ok(permit)
     }
 
-    fn check_registry(&self, reference: &ImageRef) -> Result<(), RunError> {
+    /// Refuses `reference` if its registry is not allowed here.
+    pub(crate) fn check_registry(&self, reference: &ImageRef) -> Result<(), RunError> {
         if self.allowed_registries.is_empty() {
             return Ok(());
         }
@@ -255,7 +351,14 @@ impl Runner {
 
     async fn run_inner(&self, req: RunRequest) -> Result<RunOutput, RunError> {
         // Everything about the request is checked before any work starts.
-        functionio::validate(&req.input).map_err(RunError::InvalidInput)?;
+        match req.format {
+            Format::FunctionIo => {
+                functionio::validate(&req.input).map_err(RunError::InvalidInput)?;
+            }
+            Format::ResourceList => {
+                resourcelist::validate_input(&req.input).map_err(RunError::InvalidResourceList)?;
+            }
+        }
         if req.timeout.is_zero() {
             return Err(RequestError::ZeroTimeout.into());
         }
@@ -290,20 +393,7 @@ impl Runner {
             }
         };
 
-        let exec_user = user::for_image(&image)?;
-        let (uid, gid, groups) = match self.sandbox.config().id_map {
-            IdMap::Range { .. } => (exec_user.uid, exec_user.gid, exec_user.groups),
-            IdMap::Own { .. } => {
-                if exec_user.uid != 0 || exec_user.gid != 0 {
-                    tracing::debug!(
-                        image = image.reference,
-                        user = image.config.user,
-                        "rootless runner maps one id: running the function as 0:0"
-                    );
-                }
-                (0, 0, Vec::new())
-            }
-        };
+        let ids = self.ids(&image, req.run_as)?;
         let mut argv = image.config.entrypoint.clone();
         argv.extend(image.config.cmd.iter().cloned());
         let mut env = image.config.env.clone();
@@ -311,7 +401,12 @@ impl Runner {
             env.push(format!("PATH={}", fnrun_sandbox::DEFAULT_PATH));
         }
         if !env.iter().any(|e| e.starts_with("HOME=")) {
-            env.push(format!("HOME={}", exec_user.home));
+            env.push(format!("HOME={}", ids.home));
+        }
+        for pair in &req.env {
+            let key = pair.split_once('=').map_or(pair.as_str(), |(k, _)| k);
+            env.retain(|e| e.split_once('=').map_or(e.as_str(), |(k, _)| k) != key);
+            env.push(pair.clone());
         }
         let workdir = if image.config.working_dir.is_empty() {
             "/".to_owned()
@@ -323,20 +418,38 @@ impl Runner {
             argv,
             env,
             workdir,
-            uid,
-            gid,
-            groups,
+            uid: ids.uid,
+            gid: ids.gid,
+            groups: ids.groups,
             network: req.network,
             limits: Limits {
                 memory_bytes: req.memory_bytes,
                 cpu_millis: req.cpu_millis,
                 pids: None,
             },
+            mounts: req.mounts.clone(),
+            caller: ids.caller,
         };
         let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await?;
         let stderr = String::from_utf8_lossy(&outcome.stderr_tail).into_owned();
         match outcome.status {
             Status::Exited(0) => {}
+            // A KRM function that fails still says why in its output's results.
+            Status::Exited(code) if req.format == Format::ResourceList => {
+                let returned = resourcelist::validate_output(&outcome.stdout)
+                    .ok()
+                    .map(|list| {
+                        Box::new(Returned {
+                            output: outcome.stdout,
+                            list,
+                        })
+                    });
+                return Err(RunError::KrmFunctionFailed {
+                    code,
+                    returned,
+                    stderr,
+                });
+            }
             Status::Exited(code) => return Err(RunError::FunctionFailed { code, stderr }),
             Status::Signaled(signal) => return Err(RunError::FunctionKilled { signal, stderr }),
             Status::TimedOut => {
@@ -357,13 +470,88 @@ impl Runner {
                 });
             }
         }
-        functionio::validate(&outcome.stdout)
-            .map_err(|error| RunError::InvalidOutput { error, stderr })?;
+        let resource_list = match req.format {
+            Format::FunctionIo => {
+                functionio::validate(&outcome.stdout).map_err(|error| RunError::InvalidOutput {
+                    error: OutputError::FunctionIo(error),
+                    stderr,
+                })?;
+                None
+            }
+            Format::ResourceList => Some(resourcelist::validate_output(&outcome.stdout).map_err(
+                |error| RunError::InvalidOutput {
+                    error: OutputError::ResourceList(error),
+                    stderr,
+                },
+            )?),
+        };
         Ok(RunOutput {
             output: outcome.stdout,
+            resource_list,
+            stderr: outcome.stderr_tail,
             digest: image.digest,
             peak_memory_bytes: outcome.peak_memory_bytes,
             cpu_time: outcome.cpu_time,
         })
     }
+
+    /// The ids and home the function of `image` runs with for `run_as`, on
+    /// this runner's id map. A rootless runner maps one id, its own, to 0:
+    /// every function runs as that (the image's `User` and `nobody` cannot
+    /// be, no other id exists), which is also the caller (`RunAs::Host`).
+    fn ids(&self, image: &Image, run_as: RunAs) -> Result<Ids, RunError> {
+        let id_map = self.sandbox.config().id_map;
+        let (uid, gid, groups, home, caller) = match run_as {
+            RunAs::Image => {
+                let u = user::for_image(image)?;
+                (u.uid, u.gid, u.groups, u.home, None)
+            }
+            RunAs::Nobody => {
+                let u = user::nobody(image)?;
+                (u.uid, u.gid, u.groups, u.home, None)
+            }
+            RunAs::Host(host) => {
+                let (uid, gid) = id_map
+                    .inside_ids(host)
+                    .map_err(|e| RunError::Sandbox(e.into()))?;
+                (uid, gid, Vec::new(), "/".to_owned(), Some(host))
+            }
+        };
+        match id_map {
+            IdMap::Range { .. } => Ok(Ids {
+                uid,
+                gid,
+                groups,
+                home,
+                caller,
+            }),
+            IdMap::Own { .. } => {
+                if uid != 0 || gid != 0 {
+                    tracing::debug!(
+                        image = image.reference,
+                        uid,
+                        gid,
+                        "rootless runner maps one id: running the function as 0:0"
+                    );
+                }
+                Ok(Ids {
+                    uid: 0,
+                    gid: 0,
+                    groups: Vec::new(),
+                    home,
+                    caller,
+                })
+            }
+        }
+    }
+}
+
+/// The ids a function runs with.
+struct Ids {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+    home: String,
+    /// The host user mapped into the run, if any.
+    caller: Option<HostUser>,
 }

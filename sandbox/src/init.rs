@@ -162,7 +162,7 @@ impl Stage {
             Stage::BecomeRoot => setup("become root of the user namespace"),
             Stage::CgroupNamespace => setup("create the cgroup namespace"),
             Stage::Step(i) => match plan.steps.get(i as usize) {
-                Some(step) => setup(&step.describe()),
+                Some(step) => step.error(errno),
                 None => setup(&format!("step {i}")),
             },
             Stage::ServeSockets => setup("prepare to serve sockets"),
@@ -304,8 +304,10 @@ pub(crate) fn init_main(init: &Init<'_>) -> ! {
     if let Err(e) = sys::unshare(libc::CLONE_NEWCGROUP) {
         fail(init, Stage::CgroupNamespace, e, 125);
     }
+    // The bind mounts' trees between the steps that clone and attach them.
+    let mut trees = crate::steps::Trees::new();
     for (i, step) in plan.steps.iter().enumerate() {
-        if let Err(e) = step.run() {
+        if let Err(e) = step.run(&mut trees) {
             let i = u32::try_from(i).unwrap_or(u32::MAX);
             fail(init, Stage::Step(i), e, 125);
         }

@@ -15,7 +15,7 @@ const BUSYBOX: &str = "/bin/busybox";
 const TIMEOUT: Duration = Duration::from_secs(20);
 const APPLETS: &[&str] = &[
     "sh", "cat", "echo", "sleep", "id", "hostname", "ls", "wc", "head", "dd", "mount", "pwd",
-    "env", "touch", "test", "grep", "tr", "tail", "unshare", "stat", "cut", "mkdir", "nc",
+    "env", "touch", "test", "grep", "tr", "tail", "unshare", "stat", "cut", "mkdir", "nc", "chmod",
 ];
 
 /// A temp dir with a busybox layer in it, readable by the sandbox's mapped root.
@@ -147,6 +147,8 @@ impl Fixture {
             groups: vec![],
             network: Network::Isolated,
             limits: Limits::default(),
+            mounts: Vec::new(),
+            caller: None,
         }
     }
 
@@ -1375,4 +1377,5 @@ async fn an_image_of_127_layers_runs() {
     }
 }
 
+mod mounts;
 mod service;
