@@ -57,7 +57,7 @@ fn plain(log: &str) -> String {
     out
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evaluate_function_returns_the_output_and_the_log() {
     let registry = Registry::start().expect("registry starts");
     let image = go::krm_function()
@@ -101,7 +101,7 @@ async fn evaluate_function_returns_the_output_and_the_log() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_reported_as_porchs_runner_reports_them() {
     let registry = Registry::start().expect("registry starts");
     let image = go::krm_function()
@@ -211,7 +211,7 @@ fn versioned(version: &str, pause: u32) -> TestImage {
     ))
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tag_is_a_version_constraint_resolved_against_the_registry() {
     let registry = Registry::start().expect("registry starts");
     for tag in [
@@ -285,7 +285,7 @@ async fn tag_is_a_version_constraint_resolved_against_the_registry() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_registries_prefetch_and_reflection() {
     let registry = Registry::start().expect("registry starts");
     let image = versioned("v1", 0).push_to(&registry, "fns/prefetched:v1");
