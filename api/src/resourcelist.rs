@@ -16,9 +16,11 @@
 //! checked as kpt checks them: every item needs `apiVersion`, `kind` and
 //! `metadata.name`, except Kustomization files. Unknown fields are kept.
 //!
-//! [`with_function_config`] replaces a ResourceList's `functionConfig`;
+//! [`with_function_config`] replaces a ResourceList's `functionConfig`, and
+//! [`function_config`] reads one given on its own (kpt's `--fn-config`);
 //! [`kpt`] builds the ConfigMap `kpt fn eval -- key=value` passes and kpt's
-//! `results.yaml`.
+//! `results.yaml`. [`is_resource_list`] tells a ResourceList from another
+//! document by its `kind`.
 
 pub mod kpt;
 mod results;
@@ -128,6 +130,9 @@ pub enum Error {
         /// What is wrong with it.
         reason: ResultError,
     },
+    /// A function configuration given on its own is not a KRM object.
+    #[error("functionConfig: {0}")]
+    FunctionConfig(ItemError),
 }
 
 impl From<DocumentError> for Error {
@@ -190,6 +195,24 @@ pub fn validate_input(doc: &[u8]) -> Result<ResourceList, Error> {
 /// function that removed every resource may write it so).
 pub fn validate_output(doc: &[u8]) -> Result<ResourceList, Error> {
     parse(parse_mapping(doc)?, Side::Output)
+}
+
+/// Whether `doc` says it is a ResourceList: a YAML mapping whose `kind` is
+/// `ResourceList`, whatever else it holds (it may still be refused by
+/// [`validate_input`]). A document without the word is not parsed at all (so
+/// a FunctionIO is not parsed twice); one that spells it with escapes in a
+/// quoted scalar is not recognised.
+pub fn is_resource_list(doc: &[u8]) -> bool {
+    doc.windows(KIND.len()).any(|w| w == KIND.as_bytes())
+        && parse_mapping(doc).is_ok_and(|m| m.get("kind").and_then(Value::as_str) == Some(KIND))
+}
+
+/// Reads a function configuration given on its own, as kpt's `--fn-config`
+/// file: one KRM object (`apiVersion`, `kind` and `metadata.name`), such as
+/// a ConfigMap or the function's own kind.
+pub fn function_config(doc: &[u8]) -> Result<Mapping, Error> {
+    let config = parse_mapping(doc)?;
+    check_item(Value::Mapping(config)).map_err(Error::FunctionConfig)
 }
 
 /// Replaces (or sets) the `functionConfig` of the ResourceList `doc`, which is
@@ -416,6 +439,47 @@ mod tests {
                 err.contains(want),
                 "{doc:?}: {err:?} does not contain {want:?}"
             );
+        }
+    }
+
+    #[test]
+    fn tells_a_resourcelist_by_its_kind() {
+        assert!(is_resource_list(INPUT.as_bytes()));
+        assert!(is_resource_list(b"{kind: ResourceList, items: 3}"));
+        for doc in [
+            "kind: List",
+            "- kind: ResourceList",
+            "",
+            "desired: {}",
+            "kind: [ResourceList]",
+            // Spelt with an escape: not recognised (`--krm` says it).
+            "kind: \"Resource\\x4cist\"\nitems: []",
+        ] {
+            assert!(!is_resource_list(doc.as_bytes()), "{doc:?}");
+        }
+    }
+
+    #[test]
+    fn reads_a_function_config_file() {
+        let config = function_config(
+            b"apiVersion: fn.example/v1\nkind: SetLabel\nmetadata: {name: x}\nvalue: a",
+        )
+        .unwrap();
+        assert_eq!(config["value"], Value::from("a"));
+        for (doc, want) in [
+            (
+                "kind: SetLabel\nmetadata: {name: x}",
+                "functionConfig: resource must have `apiVersion`",
+            ),
+            (
+                "apiVersion: v1\nkind: ConfigMap",
+                "functionConfig: resource must have `metadata.name`",
+            ),
+            ("- a", "not a YAML mapping"),
+            ("", "document is empty"),
+        ] {
+            let err = function_config(doc.as_bytes()).unwrap_err().to_string();
+            assert!(err.contains(want), "{doc:?}: {err}");
         }
     }
 

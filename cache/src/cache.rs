@@ -12,7 +12,7 @@ use crate::image::Image;
 use crate::progress::{NoProgress, PullProgress};
 use crate::pull::{Puller, blocking};
 use crate::reference::ImageRef;
-use crate::registry::Registries;
+use crate::registry::{Registries, Repo};
 use crate::store::{CachedImage, Lease, PruneReport, Store, VerifyReport};
 
 /// How [`Cache::get`] gets an image. The default: policy `IfNotPresent`, anonymous,
@@ -193,6 +193,34 @@ impl Cache {
             self.inner.touch(&got.image.reference).await;
         }
         Ok(found)
+    }
+
+    /// The tags of the repository of `reference` (a registry image; its own
+    /// tag or digest is ignored), as the registry lists them: at most 100,000,
+    /// names that are not tags dropped.
+    pub async fn list_tags(
+        &self,
+        reference: &ImageRef,
+        credentials: &Credentials,
+    ) -> Result<Vec<String>, Error> {
+        let ImageRef::Registry {
+            registry,
+            repository,
+            ..
+        } = reference
+        else {
+            return Err(Error::NotARegistry {
+                reference: reference.to_string(),
+            });
+        };
+        let repo = Repo {
+            registry: registry.clone(),
+            repository: repository.clone(),
+            reference: format!("{registry}/{repository}"),
+        };
+        let registries = &self.inner.registries;
+        let creds = registries.exchange(&repo, credentials).await?;
+        Ok(registries.tags(&repo, &creds).await?)
     }
 
     /// Every cached reference with its size and last use, sorted by reference.

@@ -53,6 +53,9 @@ pub enum Error {
     Owner(#[from] OwnerError),
     #[error("internal error: a cache task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// Tags are listed only for registry images.
+    #[error("{reference} is not a registry image: it has no tags to list")]
+    NotARegistry { reference: String },
 }
 
 impl Error {
@@ -66,6 +69,7 @@ impl Error {
             Error::Registry(e) => e.kind(),
             Error::Layout(e) => e.kind(),
             Error::NotCached { .. } => ErrorKind::NotCached,
+            Error::NotARegistry { .. } => ErrorKind::InvalidReference,
             Error::TooLarge { .. } | Error::TooManyFiles { .. } => ErrorKind::Corrupt,
             Error::Owner(_) | Error::Task(_) => ErrorKind::Internal,
         }

@@ -290,7 +290,9 @@ impl<'s> Walk<'s> {
     /// Looks `name` up in the current directory, layer by layer.
     fn lookup(&mut self, name: &[u8]) -> Result<Entry<'s>, RootfsError> {
         let count = self.dir.parts.len();
-        self.lookups = self.lookups.saturating_add(count as u32);
+        self.lookups = self
+            .lookups
+            .saturating_add(u32::try_from(count).unwrap_or(u32::MAX));
         if self.lookups > MAX_LOOKUPS {
             return Err(RootfsError::TooManyLookups {
                 path: truncate(self.path),

@@ -641,11 +641,13 @@ const NO_PROVIDER_ENV: &str = "FNRUN_CACHE_TEST_NO_PROVIDER_CHILD";
 /// a child process of this test binary, where no test has installed one.
 #[test]
 fn opening_without_a_crypto_provider_fails_clearly() {
+    if std::env::var_os(NO_PROVIDER_ENV).is_some() {
+        return no_provider_child();
+    }
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "tests::no_provider_child",
-            "--ignored",
+            "tests::opening_without_a_crypto_provider_fails_clearly",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -660,8 +662,7 @@ fn opening_without_a_crypto_provider_fails_clearly() {
     );
 }
 
-#[test]
-#[ignore = "run by opening_without_a_crypto_provider_fails_clearly in a fresh process"]
+/// The child's part of [`opening_without_a_crypto_provider_fails_clearly`].
 fn no_provider_child() {
     assert_eq!(std::env::var(NO_PROVIDER_ENV).as_deref(), Ok("1"));
     assert!(rustls::crypto::CryptoProvider::get_default().is_none());
@@ -684,6 +685,9 @@ const CHILD_ENV: &str = "FNRUN_CACHE_TEST_ROOTLESS_CHILD";
 /// When run as root, runs [`rootless_child`] as uid/gid 65534 (what a rootless runner sees).
 #[test]
 fn rootless_unpack_as_unprivileged_user() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return rootless_child();
+    }
     if !nix::unistd::geteuid().is_root() {
         // The whole suite already runs rootless.
         return;
@@ -693,8 +697,7 @@ fn rootless_unpack_as_unprivileged_user() {
     let out = Command::new(exe)
         .args([
             "--exact",
-            "tests::rootless_child",
-            "--ignored",
+            "tests::rootless_unpack_as_unprivileged_user",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -716,8 +719,7 @@ fn rootless_unpack_as_unprivileged_user() {
     );
 }
 
-#[test]
-#[ignore = "run by rootless_unpack_as_unprivileged_user as an unprivileged user"]
+/// The child's part of [`rootless_unpack_as_unprivileged_user`].
 fn rootless_child() {
     assert_eq!(std::env::var(CHILD_ENV).as_deref(), Ok("1"));
     assert!(!nix::unistd::geteuid().is_root());

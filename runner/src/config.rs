@@ -31,7 +31,8 @@ pub enum Command {
     /// Serve the v1alpha1 ContainerizedFunctionRunnerService.
     #[command(visible_alias = "start")]
     Serve(ServeArgs),
-    /// Run one function and print its output FunctionIO.
+    /// Run one function and print its output FunctionIO (or, for a KRM
+    /// function, its output ResourceList).
     Run(RunArgs),
     /// Prefetch images into the cache.
     ///
@@ -135,6 +136,11 @@ pub struct ServeArgs {
     /// used images are evicted; images in use never are.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub cache_max_size: Option<u64>,
+    /// Pull these images into the cache at start, unless cached (for Porch's
+    /// functions, say). A failed prefetch is a warning; the daemon serves
+    /// meanwhile.
+    #[arg(long, value_name = "IMAGE", num_args = 1..)]
+    pub prefetch: Vec<String>,
     #[command(flatten)]
     pub cache: CacheArgs,
     #[command(flatten)]
@@ -182,9 +188,12 @@ pub struct RunArgs {
     pub sandbox: SandboxArgs,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST] or oci:PATH[:TAG].
     pub image: String,
-    /// The input FunctionIO file, or - for stdin.
+    /// The input FunctionIO (or, for a KRM function, ResourceList) file, or -
+    /// for stdin.
     #[arg(default_value = "-")]
     pub input: String,
+    #[command(flatten)]
+    pub krm: crate::krm::KrmArgs,
 }
 
 #[derive(Debug, Args)]

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use fnrun_api::resourcelist::{self, ResourceList};
 use fnrun_api::text;
 use fnrun_cache::ErrorKind as CacheKind;
 use fnrun_sandbox::Error as SandboxError;
@@ -23,6 +24,10 @@ pub const STDERR_QUOTE_MAX: usize = 1536;
 /// The most bytes of the caller's image reference in a log line: a valid one
 /// is shorter (a name of 255 bytes, a tag of 128 and a digest).
 pub const IMAGE_REF_MAX: usize = 512;
+
+/// The most bytes of a KRM function's results quoted in a message, in kpt's
+/// one-line form: with a stderr tail, it fits in a status message.
+pub const RESULTS_QUOTE_MAX: usize = 384;
 
 /// `message` bounded to `max` bytes (see [`text::bounded`]).
 pub fn bounded(message: &dyn std::fmt::Display, max: usize) -> String {
@@ -66,8 +71,10 @@ pub enum Class {
 pub enum RunError {
     #[error("input is not a FunctionIO: {0}")]
     InvalidInput(#[source] fnrun_api::functionio::Error),
-    #[error("{0}")]
-    InvalidRequest(String),
+    #[error("input is not a ResourceList: {0}")]
+    InvalidResourceList(#[source] resourcelist::Error),
+    #[error(transparent)]
+    InvalidRequest(#[from] RequestError),
     #[error("runner is at capacity: {max_concurrency} runs in flight and {max_queue} calls queued")]
     Overloaded {
         max_concurrency: usize,
@@ -75,6 +82,8 @@ pub enum RunError {
     },
     #[error("images from registry {registry:?} are not allowed on this runner")]
     RegistryNotAllowed { registry: String },
+    #[error(transparent)]
+    Tag(#[from] crate::evaluator::tag::TagError),
     #[error("{0}")]
     Image(#[from] fnrun_cache::Error),
     #[error("{0}")]
@@ -91,15 +100,76 @@ pub enum RunError {
     OutOfMemory { limit: u64, stderr: String },
     #[error("function output exceeds the limit of {limit} bytes")]
     OutputTooLarge { limit: usize },
-    #[error("function output is not a FunctionIO: {error}{}", stderr_suffix(.stderr))]
+    #[error("function output is {error}{}", stderr_suffix(.stderr))]
     InvalidOutput {
         #[source]
-        error: fnrun_api::functionio::Error,
+        error: OutputError,
         stderr: String,
     },
     /// A call to a Crossplane function of the function host.
     #[error(transparent)]
     Host(#[from] crate::host::HostError),
+    /// A KRM function exited non-zero; what it returned, if it was a
+    /// ResourceList, is kept: its results say why (kpt and Porch show them).
+    #[error("function exited with code {code}{}{}", results_suffix(.returned), stderr_suffix(.stderr))]
+    KrmFunctionFailed {
+        code: i32,
+        returned: Option<Box<Returned>>,
+        stderr: String,
+    },
+}
+
+/// What a function wrote that is not what it should have.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("not a FunctionIO: {0}")]
+    FunctionIo(#[source] fnrun_api::functionio::Error),
+    #[error("not a ResourceList: {0}")]
+    ResourceList(#[source] resourcelist::Error),
+}
+
+/// The ResourceList a failed KRM function returned, as bytes and as read.
+#[derive(Debug)]
+pub struct Returned {
+    pub output: Vec<u8>,
+    pub list: ResourceList,
+}
+
+/// `; results: [error] ...`, bounded to [`RESULTS_QUOTE_MAX`]; nothing if the
+/// function returned none.
+fn results_suffix(returned: &Option<Box<Returned>>) -> String {
+    match returned {
+        Some(r) if !r.list.results.is_empty() => format!(
+            "; results: {}",
+            resourcelist::summary(&r.list.results, RESULTS_QUOTE_MAX).replace('\n', "; ")
+        ),
+        _ => String::new(),
+    }
+}
+
+/// Why a request is refused before any work starts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("image is required")]
+    NoImage,
+    #[error("unknown image pull policy {0}")]
+    PullPolicy(i32),
+    #[error("unknown network policy {0}")]
+    NetworkPolicy(i32),
+    #[error("memory limit {0}")]
+    Memory(#[source] fnrun_api::quantity::Error),
+    #[error("cpu limit {0}")]
+    Cpu(#[source] fnrun_api::quantity::Error),
+    #[error("timeout {seconds}s{nanos}ns is negative")]
+    NegativeTimeout { seconds: i64, nanos: i32 },
+    #[error("timeout must be positive")]
+    ZeroTimeout,
+    #[error("image pull auth is not base64")]
+    AuthNotBase64,
+    #[error("image pull auth is not UTF-8 once decoded")]
+    AuthNotUtf8,
+    #[error("image pull auth is not base64 of user:password")]
+    AuthNotUserPassword,
 }
 
 /// `; stderr: TAIL`, the tail bounded to [`STDERR_QUOTE_MAX`]; nothing if the
@@ -128,9 +198,13 @@ impl RunError {
     /// The failure class (see the table in SPEC.md).
     pub fn class(&self) -> Class {
         match self {
-            RunError::InvalidInput(_) | RunError::InvalidRequest(_) => Class::InvalidArgument,
+            RunError::InvalidInput(_)
+            | RunError::InvalidResourceList(_)
+            | RunError::InvalidRequest(_) => Class::InvalidArgument,
             RunError::Overloaded { .. } => Class::ResourceExhausted,
             RunError::RegistryNotAllowed { .. } => Class::PermissionDenied,
+            RunError::Tag(e) if e.is_not_found() => Class::NotFound,
+            RunError::Tag(_) => Class::InvalidArgument,
             RunError::Image(e) => match e.kind() {
                 CacheKind::InvalidReference => Class::InvalidArgument,
                 CacheKind::NotFound => Class::NotFound,
@@ -142,9 +216,9 @@ impl RunError {
             RunError::User(e) if e.is_internal() => Class::Internal,
             RunError::User(_) => Class::InvalidArgument,
             RunError::Sandbox(e) => match e {
-                SandboxError::InvalidSpec(_) | SandboxError::LimitUnavailable { .. } => {
-                    Class::FailedPrecondition
-                }
+                SandboxError::InvalidSpec(_)
+                | SandboxError::LimitUnavailable { .. }
+                | SandboxError::Mount { .. } => Class::FailedPrecondition,
                 SandboxError::Exec { .. } => Class::Aborted,
                 SandboxError::Io { .. }
                 | SandboxError::Setup { .. }
@@ -152,6 +226,7 @@ impl RunError {
                 | SandboxError::Cgroup(_) => Class::Internal,
             },
             RunError::FunctionFailed { .. }
+            | RunError::KrmFunctionFailed { .. }
             | RunError::FunctionKilled { .. }
             | RunError::OutputTooLarge { .. }
             | RunError::InvalidOutput { .. } => Class::Aborted,
@@ -165,14 +240,19 @@ impl RunError {
     pub fn outcome(&self) -> &'static str {
         match self {
             RunError::InvalidInput(_)
+            | RunError::InvalidResourceList(_)
             | RunError::InvalidRequest(_)
             | RunError::RegistryNotAllowed { .. } => "invalid_request",
             RunError::Overloaded { .. } => "rejected",
             RunError::Image(_) => "image_error",
+            RunError::Tag(e) if e.is_not_found() => "image_error",
+            RunError::Tag(_) => "invalid_request",
             RunError::User(e) if e.is_internal() => "image_error",
             RunError::User(_) => "invalid_request",
             RunError::Sandbox(_) => "sandbox_error",
-            RunError::FunctionFailed { .. } | RunError::FunctionKilled { .. } => "function_failed",
+            RunError::FunctionFailed { .. }
+            | RunError::KrmFunctionFailed { .. }
+            | RunError::FunctionKilled { .. } => "function_failed",
             RunError::TimedOut { .. } => "timeout",
             RunError::OutOfMemory { .. } => "out_of_memory",
             RunError::OutputTooLarge { .. } => "output_too_large",
@@ -215,6 +295,44 @@ mod tests {
         assert!(message.starts_with("function exited with code 1; stderr: xxx"));
         assert!(message.ends_with("xxxthe-end"), "{message}");
         assert!(message.len() <= STATUS_MESSAGE_MAX);
+    }
+
+    #[test]
+    fn a_failed_krm_function_quotes_its_results_and_stderr_bounded() {
+        let doc = format!(
+            "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems: []\nresults:\n{}",
+            "- {message: not allowed, severity: error, resourceRef: {apiVersion: v1, kind: ConfigMap, name: cm}}\n"
+                .repeat(200)
+        );
+        let list = resourcelist::validate_output(doc.as_bytes()).unwrap();
+        let e = RunError::KrmFunctionFailed {
+            code: 1,
+            returned: Some(Box::new(Returned {
+                output: doc.into_bytes(),
+                list,
+            })),
+            stderr: format!("{}validation failed\n", "x".repeat(64 << 10)),
+        };
+        let message = e.to_string();
+        assert!(
+            message.starts_with(
+                "function exited with code 1; results: [error] v1/ConfigMap/cm: not allowed; [error]"
+            ),
+            "{message}"
+        );
+        assert!(message.ends_with("validation failed"), "{message}");
+        assert!(
+            message.len() <= RESULTS_QUOTE_MAX + STDERR_QUOTE_MAX + 80,
+            "{}",
+            message.len()
+        );
+        assert_eq!(e.class(), Class::Aborted);
+        let bare = RunError::KrmFunctionFailed {
+            code: 2,
+            returned: None,
+            stderr: String::new(),
+        };
+        assert_eq!(bare.to_string(), "function exited with code 2");
     }
 
     #[test]

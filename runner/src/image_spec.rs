@@ -1,28 +1,34 @@
-//! How a cached image becomes a sandbox [`RunSpec`]: the one routine for both
-//! kinds of run, a per-call run of [`crate::runner::Runner`] and a function
-//! server of the function host.
+//! How a cached image becomes a sandbox [`RunSpec`]: the one routine for
+//! every kind of run, a per-call run of [`crate::runner::Runner`] (FunctionIO
+//! or KRM) and a function server of the function host.
 //!
 //! The image's config is honoured as a container runtime honours it:
 //! `Entrypoint` + `Cmd` (then the caller's extra arguments), `Env` (a default
-//! `PATH` and `HOME` when it has none; the caller's variables override the
+//! `PATH` and `HOME` when it has none; the caller's variables replace the
 //! image's), `WorkingDir` (`/` when empty) and `User`, resolved in the image's
-//! own root ([`crate::user`]). A rootless runner maps one id, so the function
-//! then runs as 0:0 inside.
+//! own root ([`crate::user`]), or whom the caller asks for ([`RunAs`]). A
+//! rootless runner maps one id, its own, to 0: every function then runs as
+//! 0:0 inside.
 
 use fnrun_cache::Image;
-use fnrun_sandbox::{IdMap, Limits, Network, RunSpec};
+use fnrun_sandbox::{BindMount, HostUser, IdMap, Limits, Network, RunSpec};
 
-use crate::user::{self, UserError};
+use crate::error::RunError;
+use crate::runner::RunAs;
+use crate::user;
 
 /// What the caller adds to the image's own config.
 #[derive(Debug, Clone, Default)]
 pub struct SpecOptions<'a> {
     /// Appended after `Entrypoint` + `Cmd`.
     pub extra_args: &'a [String],
-    /// `(NAME, VALUE)`; a name the image sets too takes this value.
-    pub extra_env: &'a [(String, String)],
+    /// `KEY=VALUE`; a key the image sets too takes this value.
+    pub extra_env: &'a [String],
     pub network: Network,
     pub limits: Limits,
+    pub run_as: RunAs,
+    /// Host paths mounted into the run.
+    pub mounts: &'a [BindMount],
 }
 
 /// The run spec of `image` under `id_map`.
@@ -30,40 +36,23 @@ pub fn run_spec(
     image: &Image,
     id_map: &IdMap,
     options: &SpecOptions<'_>,
-) -> Result<RunSpec, UserError> {
-    let exec_user = user::for_image(image)?;
-    let (uid, gid, groups) = match id_map {
-        IdMap::Range { .. } => (exec_user.uid, exec_user.gid, exec_user.groups),
-        IdMap::Own { .. } => {
-            if exec_user.uid != 0 || exec_user.gid != 0 {
-                tracing::debug!(
-                    image = image.reference,
-                    user = image.config.user,
-                    "rootless runner maps one id: running the function as 0:0"
-                );
-            }
-            (0, 0, Vec::new())
-        }
-    };
+) -> Result<RunSpec, RunError> {
+    let ids = ids(image, id_map, options.run_as)?;
     let mut argv = image.config.entrypoint.clone();
     argv.extend(image.config.cmd.iter().cloned());
     argv.extend(options.extra_args.iter().cloned());
-    let mut env: Vec<String> = image
-        .config
-        .env
-        .iter()
-        .filter(|e| {
-            let name = e.split_once('=').map_or(e.as_str(), |(n, _)| n);
-            !options.extra_env.iter().any(|(n, _)| n == name)
-        })
-        .cloned()
-        .collect();
-    env.extend(options.extra_env.iter().map(|(n, v)| format!("{n}={v}")));
+    let mut env = image.config.env.clone();
     if !env.iter().any(|e| e.starts_with("PATH=")) {
         env.push(format!("PATH={}", fnrun_sandbox::DEFAULT_PATH));
     }
     if !env.iter().any(|e| e.starts_with("HOME=")) {
-        env.push(format!("HOME={}", exec_user.home));
+        env.push(format!("HOME={}", ids.home));
+    }
+    let key = |pair: &str| pair.split_once('=').map_or(pair, |(k, _)| k).to_owned();
+    for pair in options.extra_env {
+        let k = key(pair);
+        env.retain(|e| key(e) != k);
+        env.push(pair.clone());
     }
     let workdir = if image.config.working_dir.is_empty() {
         "/".to_owned()
@@ -75,12 +64,73 @@ pub fn run_spec(
         argv,
         env,
         workdir,
-        uid,
-        gid,
-        groups,
+        uid: ids.uid,
+        gid: ids.gid,
+        groups: ids.groups,
         network: options.network,
         limits: options.limits,
+        mounts: options.mounts.to_vec(),
+        caller: ids.caller,
     })
+}
+
+/// The ids a function runs with.
+struct Ids {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+    home: String,
+    /// The host user mapped into the run, if any.
+    caller: Option<HostUser>,
+}
+
+/// The ids and home the function of `image` runs with for `run_as`, on
+/// `id_map`. A rootless runner maps one id, its own, to 0: every function
+/// runs as that (the image's `User` and `nobody` cannot be, no other id
+/// exists), which is also the caller (`RunAs::Host`).
+fn ids(image: &Image, id_map: &IdMap, run_as: RunAs) -> Result<Ids, RunError> {
+    let (uid, gid, groups, home, caller) = match run_as {
+        RunAs::Image => {
+            let u = user::for_image(image)?;
+            (u.uid, u.gid, u.groups, u.home, None)
+        }
+        RunAs::Nobody => {
+            let u = user::nobody(image)?;
+            (u.uid, u.gid, u.groups, u.home, None)
+        }
+        RunAs::Host(host) => {
+            let (uid, gid) = id_map
+                .inside_ids(host)
+                .map_err(|e| RunError::Sandbox(e.into()))?;
+            (uid, gid, Vec::new(), "/".to_owned(), Some(host))
+        }
+    };
+    match id_map {
+        IdMap::Range { .. } => Ok(Ids {
+            uid,
+            gid,
+            groups,
+            home,
+            caller,
+        }),
+        IdMap::Own { .. } => {
+            if uid != 0 || gid != 0 {
+                tracing::debug!(
+                    image = image.reference,
+                    uid,
+                    gid,
+                    "rootless runner maps one id: running the function as 0:0"
+                );
+            }
+            Ok(Ids {
+                uid: 0,
+                gid: 0,
+                groups: Vec::new(),
+                home,
+                caller,
+            })
+        }
+    }
 }
 
 #[cfg(test)]
@@ -113,7 +163,7 @@ mod tests {
             },
         );
         let args = ["--insecure".to_owned(), "--x".to_owned()];
-        let env = [("B".to_owned(), "mine".to_owned())];
+        let env = ["B=mine".to_owned()];
         let options = SpecOptions {
             extra_args: &args,
             extra_env: &env,
@@ -123,6 +173,7 @@ mod tests {
                 cpu_millis: None,
                 pids: Some(64),
             },
+            ..SpecOptions::default()
         };
         let own = IdMap::Own {
             host_uid: 1000,
@@ -135,8 +186,8 @@ mod tests {
             [
                 "A=image".to_owned(),
                 "HOME=/home/fn".to_owned(),
-                "B=mine".to_owned(),
                 format!("PATH={}", fnrun_sandbox::DEFAULT_PATH),
+                "B=mine".to_owned(),
             ]
         );
         assert_eq!(spec.workdir, "/");
@@ -144,5 +195,6 @@ mod tests {
         assert_eq!(spec.network, Network::Runner);
         assert_eq!(spec.limits.pids, Some(64));
         assert_eq!(spec.layers, [dir.path().to_path_buf()]);
+        assert!(spec.mounts.is_empty() && spec.caller.is_none());
     }
 }

@@ -7,9 +7,11 @@ mod config;
 mod credential_helper;
 mod docker_config;
 mod error;
+mod evaluator;
 mod function_cmd;
 mod host;
 mod image_spec;
+mod krm;
 mod listen;
 mod metrics;
 mod progress;
@@ -113,6 +115,15 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    // A KRM function when asked, or when the input says it is a ResourceList.
+    let krm = args.krm.krm || fnrun_api::resourcelist::is_resource_list(&input);
+    if !krm && let Some(flag) = args.krm.krm_only_flag() {
+        eprintln!(
+            "fnrun: {flag} is for KRM functions, and the input is not a ResourceList \
+             (add --krm to run the function as one)"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     let runner = match config::build_runner(&args.cache, &args.sandbox, runner::Admission::ONE) {
         Ok(r) => r,
         Err(e) => {
@@ -120,7 +131,10 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    let mut req = RunRequest::new(args.image, input);
+    let mut req = match krm {
+        true => RunRequest::krm(args.image, input),
+        false => RunRequest::new(args.image, input),
+    };
     req.timeout = args.timeout;
     req.memory_bytes = args.memory;
     req.cpu_millis = args.cpu;
@@ -136,10 +150,13 @@ fn run(args: RunArgs) -> ExitCode {
         PullPolicyArg::Always => PullPolicy::Always,
         PullPolicyArg::Never => PullPolicy::Never,
     };
-    req.network = match args.network_policy {
-        NetworkPolicyArg::Isolated => Network::Isolated,
-        NetworkPolicyArg::Runner => Network::Runner,
+    req.network = match (args.network_policy, args.krm.network) {
+        (NetworkPolicyArg::Runner, _) | (_, true) => Network::Runner,
+        (NetworkPolicyArg::Isolated, false) => Network::Isolated,
     };
+    if krm {
+        return krm::run(&runner, req, &args.krm);
+    }
     match current_thread_runtime().block_on(runner.run(req)) {
         Ok(out) => {
             let mut stdout = std::io::stdout().lock();
@@ -164,7 +181,14 @@ pub(crate) fn exit_code(class: Class) -> u8 {
     match class {
         Class::InvalidArgument => EXIT_USAGE,
         Class::DeadlineExceeded => EXIT_TIMEOUT,
-        _ => EXIT_FAILED,
+        Class::NotFound
+        | Class::Unauthenticated
+        | Class::PermissionDenied
+        | Class::FailedPrecondition
+        | Class::ResourceExhausted
+        | Class::Aborted
+        | Class::Unavailable
+        | Class::Internal => EXIT_FAILED,
     }
 }
 

@@ -1,24 +1,58 @@
 //! The core: turns a request into a cached image and a sandbox run. The CLI's
-//! `run` and the gRPC service both call [`Runner::run`]; nothing here knows
-//! about tonic.
+//! `run`, the v1alpha1 service and Porch's evaluator all call [`Runner::run`];
+//! nothing here knows about tonic.
+//!
+//! A request says what the function reads and writes ([`Format`]): a
+//! Crossplane FunctionIO, or a KRM function's ResourceList, whose input and
+//! output are checked as kpt checks them and whose output is kept, with its
+//! results, even when the function fails. It also says whom the function
+//! runs as ([`RunAs`]), what it adds to the image's environment and which host
+//! paths it mounts.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+use fnrun_api::resourcelist::{self, ResourceList};
 use fnrun_api::{functionio, text};
 use fnrun_cache::{
     Cache, Credentials, ErrorKind, GetOptions, Got, Image, ImageRef, Lease, PullPolicy,
 };
-use fnrun_sandbox::{Limits, Network, Sandbox, Status};
+use fnrun_sandbox::{BindMount, HostUser, Limits, Network, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::error::{IMAGE_REF_MAX, LINE_MAX, RunError, bounded};
+use crate::error::{
+    IMAGE_REF_MAX, LINE_MAX, OutputError, RequestError, Returned, RunError, bounded,
+};
 use crate::image_spec::{self, SpecOptions};
 use crate::metrics::Metrics;
 
 /// Default function timeout (SPEC.md).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);
+
+/// What a function reads on stdin and writes on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// A Crossplane FunctionIO (v1alpha1).
+    #[default]
+    FunctionIo,
+    /// A KRM function's ResourceList (kpt, kustomize, Porch).
+    ResourceList,
+}
+
+/// Whom the function runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunAs {
+    /// The image's `User`, as container runtimes run it.
+    #[default]
+    Image,
+    /// `nobody`, as kpt runs KRM functions: the image's own `nobody` if its
+    /// `/etc/passwd` has one, else 65534:65534.
+    Nobody,
+    /// This host user, mapped into the run (see [`HostUser`]): kpt's
+    /// `--as-current-user`.
+    Host(HostUser),
+}
 
 /// One function call, already decoded from gRPC or the command line.
 #[derive(Debug, Clone)]
@@ -33,6 +67,15 @@ pub struct RunRequest {
     /// Processes and threads; `None`: the sandbox's default limit.
     pub pids: Option<u64>,
     pub timeout: Duration,
+    /// What the input and output are.
+    pub format: Format,
+    /// Whom the function runs as.
+    pub run_as: RunAs,
+    /// `KEY=VALUE` pairs added to the image's environment, replacing its own
+    /// value of a key.
+    pub env: Vec<String>,
+    /// Host paths mounted into the run.
+    pub mounts: Vec<BindMount>,
 }
 
 impl RunRequest {
@@ -48,6 +91,20 @@ impl RunRequest {
             cpu_millis: None,
             pids: None,
             timeout: DEFAULT_TIMEOUT,
+            format: Format::FunctionIo,
+            run_as: RunAs::Image,
+            env: Vec::new(),
+            mounts: Vec::new(),
+        }
+    }
+
+    /// A KRM function call with kpt's defaults: a ResourceList in and out,
+    /// run as `nobody`, no network (SPEC.md's other defaults).
+    pub fn krm(image: impl Into<String>, input: Vec<u8>) -> Self {
+        RunRequest {
+            format: Format::ResourceList,
+            run_as: RunAs::Nobody,
+            ..RunRequest::new(image, input)
         }
     }
 }
@@ -56,9 +113,22 @@ impl RunRequest {
 #[derive(Debug)]
 pub struct RunOutput {
     pub output: Vec<u8>,
+    /// The output read as a ResourceList, for [`Format::ResourceList`]: its
+    /// results say whether the function reported an error.
+    pub resource_list: Option<ResourceList>,
+    /// The tail of what the function wrote to stderr.
+    pub stderr: Vec<u8>,
     pub digest: String,
     pub peak_memory_bytes: Option<u64>,
     pub cpu_time: Option<Duration>,
+}
+
+/// What `--prefetch` got.
+#[derive(Debug)]
+pub struct Prefetched {
+    pub digest: String,
+    /// Whether it was pulled now (else it was cached).
+    pub pulled: bool,
 }
 
 /// How many runs execute at once and how many calls may wait for a slot.
@@ -193,7 +263,7 @@ impl Runner {
         let result = self.run_inner(req).await;
         self.maybe_prune();
         let elapsed = start.elapsed();
-        let ms = elapsed.as_millis() as u64;
+        let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match &result {
             Ok(out) => {
                 self.metrics.run_finished("ok", elapsed);
@@ -203,7 +273,9 @@ impl Runner {
                     outcome = "ok",
                     duration_ms = ms,
                     peak_memory_bytes = out.peak_memory_bytes,
-                    cpu_time_ms = out.cpu_time.map(|d| d.as_millis() as u64),
+                    cpu_time_ms = out
+                        .cpu_time
+                        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                     "function run"
                 );
             }
@@ -219,6 +291,31 @@ impl Runner {
             }
         }
         result
+    }
+
+    /// Gets `image` into the cache unless it is there (`--prefetch`), as a run
+    /// would: its registry must be allowed.
+    pub async fn prefetch(
+        &self,
+        image: &str,
+        credentials: Credentials,
+    ) -> Result<Prefetched, RunError> {
+        let reference = self.cache.parse_reference(image)?;
+        self.check_registry(&reference)?;
+        let got = self
+            .cache
+            .get(
+                &reference,
+                GetOptions::new(PullPolicy::IfNotPresent).credentials(credentials),
+            )
+            .await?;
+        if got.image.pulled {
+            self.metrics.pulls_ok.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Prefetched {
+            digest: got.image.digest,
+            pulled: got.image.pulled,
+        })
     }
 
     /// A run slot, waiting in a bounded queue for one.
@@ -239,12 +336,13 @@ impl Runner {
             .slots
             .acquire()
             .await
-            .map_err(|_| RunError::InvalidRequest("runner is shutting down".into()))?;
+            .expect("the run slots' semaphore is never closed");
         self.metrics.queue_wait.observe(start.elapsed());
         Ok(permit)
     }
 
-    fn check_registry(&self, reference: &ImageRef) -> Result<(), RunError> {
+    /// Refuses `reference` if its registry is not allowed here.
+    pub(crate) fn check_registry(&self, reference: &ImageRef) -> Result<(), RunError> {
         if self.allowed_registries.is_empty() {
             return Ok(());
         }
@@ -301,9 +399,16 @@ impl Runner {
 
     async fn run_inner(&self, req: RunRequest) -> Result<RunOutput, RunError> {
         // Everything about the request is checked before any work starts.
-        functionio::validate(&req.input).map_err(RunError::InvalidInput)?;
+        match req.format {
+            Format::FunctionIo => {
+                functionio::validate(&req.input).map_err(RunError::InvalidInput)?;
+            }
+            Format::ResourceList => {
+                resourcelist::validate_input(&req.input).map_err(RunError::InvalidResourceList)?;
+            }
+        }
         if req.timeout.is_zero() {
-            return Err(RunError::InvalidRequest("timeout must be positive".into()));
+            return Err(RequestError::ZeroTimeout.into());
         }
         let reference = self.reference(&req.image)?;
 
@@ -314,19 +419,38 @@ impl Runner {
             .image(&reference, req.pull_policy, req.credentials.clone())
             .await?;
         let options = SpecOptions {
+            extra_args: &[],
+            extra_env: &req.env,
             network: req.network,
             limits: Limits {
                 memory_bytes: req.memory_bytes,
                 cpu_millis: req.cpu_millis,
                 pids: req.pids,
             },
-            ..SpecOptions::default()
+            run_as: req.run_as,
+            mounts: &req.mounts,
         };
         let spec = image_spec::run_spec(&image, &self.sandbox.config().id_map, &options)?;
         let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await?;
         let stderr = String::from_utf8_lossy(&outcome.stderr_tail).into_owned();
         match outcome.status {
             Status::Exited(0) => {}
+            // A KRM function that fails still says why in its output's results.
+            Status::Exited(code) if req.format == Format::ResourceList => {
+                let returned = resourcelist::validate_output(&outcome.stdout)
+                    .ok()
+                    .map(|list| {
+                        Box::new(Returned {
+                            output: outcome.stdout,
+                            list,
+                        })
+                    });
+                return Err(RunError::KrmFunctionFailed {
+                    code,
+                    returned,
+                    stderr,
+                });
+            }
             Status::Exited(code) => return Err(RunError::FunctionFailed { code, stderr }),
             Status::Signaled(signal) => return Err(RunError::FunctionKilled { signal, stderr }),
             Status::TimedOut => {
@@ -347,10 +471,25 @@ impl Runner {
                 });
             }
         }
-        functionio::validate(&outcome.stdout)
-            .map_err(|error| RunError::InvalidOutput { error, stderr })?;
+        let resource_list = match req.format {
+            Format::FunctionIo => {
+                functionio::validate(&outcome.stdout).map_err(|error| RunError::InvalidOutput {
+                    error: OutputError::FunctionIo(error),
+                    stderr,
+                })?;
+                None
+            }
+            Format::ResourceList => Some(resourcelist::validate_output(&outcome.stdout).map_err(
+                |error| RunError::InvalidOutput {
+                    error: OutputError::ResourceList(error),
+                    stderr,
+                },
+            )?),
+        };
         Ok(RunOutput {
             output: outcome.stdout,
+            resource_list,
+            stderr: outcome.stderr_tail,
             digest: image.digest,
             peak_memory_bytes: outcome.peak_memory_bytes,
             cpu_time: outcome.cpu_time,

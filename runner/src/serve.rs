@@ -1,5 +1,6 @@
 //! `fnrun serve`: the daemon. One tonic server per listen address, all on one
-//! shared [`Runner`]; SIGTERM/SIGINT drain and exit 0.
+//! shared [`Runner`], each serving the v1alpha1 runner and Porch's evaluator
+//! ([`crate::evaluator`]); SIGTERM/SIGINT drain and exit 0.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::authority::NormalizeAuthority;
 use crate::config::ServeArgs;
+use crate::evaluator::EvaluatorService;
 use crate::listen::{ListenAddr, Listener};
 use crate::runner::Admission;
 use crate::service::FunctionRunnerService;
@@ -73,6 +75,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(fnrun_api::v1alpha1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(fnrun_api::evaluator::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let reflection_v1 = reflection()
@@ -83,6 +86,13 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .context("build the reflection service (v1alpha)")?;
+    let evaluator = EvaluatorService::server(runner.clone());
+    if !args.prefetch.is_empty() {
+        tokio::spawn(crate::evaluator::prefetch(
+            runner.clone(),
+            args.prefetch.clone(),
+        ));
+    }
     let service =
         ContainerizedFunctionRunnerServiceServer::new(FunctionRunnerService::new(runner.clone()))
             .max_decoding_message_size(64 << 20)
@@ -90,6 +100,9 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<ContainerizedFunctionRunnerServiceServer<FunctionRunnerService>>()
+        .await;
+    health_reporter
+        .set_serving::<fnrun_api::evaluator::function_evaluator_server::FunctionEvaluatorServer<EvaluatorService>>()
         .await;
 
     let tls = tls_config(&args)?;
@@ -106,7 +119,8 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
             .add_service(health.clone())
             .add_service(reflection_v1.clone())
             .add_service(reflection_v1alpha.clone())
-            .add_service(service.clone());
+            .add_service(service.clone())
+            .add_service(evaluator.clone());
         let shutdown = stopped(shutdown_rx.clone());
         servers.push(match listener {
             Listener::Unix(l, path) => {
@@ -135,6 +149,9 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(signal, "shutting down: draining in-flight runs");
     health_reporter
         .set_not_serving::<ContainerizedFunctionRunnerServiceServer<FunctionRunnerService>>()
+        .await;
+    health_reporter
+        .set_not_serving::<fnrun_api::evaluator::function_evaluator_server::FunctionEvaluatorServer<EvaluatorService>>()
         .await;
     let _ = shutdown_tx.send(true);
     // In-flight runs get the grace period; then their tasks are aborted, which

@@ -14,7 +14,7 @@ use fnrun_cache::{Credentials, PullPolicy};
 use fnrun_sandbox::Network;
 use tonic::{Code, Request, Response, Status};
 
-use crate::error::{Class, RunError, STATUS_MESSAGE_MAX, bounded};
+use crate::error::{Class, RequestError, RunError, STATUS_MESSAGE_MAX, bounded};
 use crate::runner::{DEFAULT_TIMEOUT, RunRequest, Runner};
 
 /// The gRPC code for each failure class (SPEC.md's status table).
@@ -66,9 +66,9 @@ impl ContainerizedFunctionRunnerService for FunctionRunnerService {
 }
 
 /// Turns the wire request into a [`RunRequest`], refusing anything malformed.
-pub fn decode(req: RunFunctionRequest) -> Result<RunRequest, String> {
+pub fn decode(req: RunFunctionRequest) -> Result<RunRequest, RequestError> {
     if req.image.trim().is_empty() {
-        return Err("image is required".into());
+        return Err(RequestError::NoImage);
     }
     let mut run = RunRequest::new(req.image, req.input);
     if let Some(pull) = req.image_pull_config {
@@ -78,7 +78,7 @@ pub fn decode(req: RunFunctionRequest) -> Result<RunRequest, String> {
             }
             Ok(ImagePullPolicy::Always) => PullPolicy::Always,
             Ok(ImagePullPolicy::Never) => PullPolicy::Never,
-            Err(_) => return Err(format!("unknown image pull policy {}", pull.pull_policy)),
+            Err(_) => return Err(RequestError::PullPolicy(pull.pull_policy)),
         };
         if let Some(auth) = pull.auth {
             run.credentials = credentials(&auth)?;
@@ -89,28 +89,28 @@ pub fn decode(req: RunFunctionRequest) -> Result<RunRequest, String> {
             run.network = match NetworkPolicy::try_from(network.policy) {
                 Ok(NetworkPolicy::Unspecified | NetworkPolicy::Isolated) => Network::Isolated,
                 Ok(NetworkPolicy::Runner) => Network::Runner,
-                Err(_) => return Err(format!("unknown network policy {}", network.policy)),
+                Err(_) => return Err(RequestError::NetworkPolicy(network.policy)),
             };
         }
         if let Some(limits) = config.resources.and_then(|r| r.limits) {
             if !limits.memory.is_empty() {
-                run.memory_bytes = Some(
-                    quantity::parse_memory(&limits.memory)
-                        .map_err(|e| format!("memory limit {e}"))?,
-                );
+                run.memory_bytes =
+                    Some(quantity::parse_memory(&limits.memory).map_err(RequestError::Memory)?);
             }
             if !limits.cpu.is_empty() {
-                run.cpu_millis = Some(
-                    quantity::parse_cpu_millis(&limits.cpu)
-                        .map_err(|e| format!("cpu limit {e}"))?,
-                );
+                run.cpu_millis =
+                    Some(quantity::parse_cpu_millis(&limits.cpu).map_err(RequestError::Cpu)?);
             }
         }
         if let Some(t) = config.timeout {
             if t.seconds < 0 || t.nanos < 0 {
-                return Err(format!("timeout {}s{}ns is negative", t.seconds, t.nanos));
+                return Err(RequestError::NegativeTimeout {
+                    seconds: t.seconds,
+                    nanos: t.nanos,
+                });
             }
-            let t = Duration::new(t.seconds as u64, t.nanos as u32);
+            // Both checked non-negative above.
+            let t = Duration::new(t.seconds.unsigned_abs(), t.nanos.unsigned_abs());
             run.timeout = if t.is_zero() { DEFAULT_TIMEOUT } else { t };
         }
     }
@@ -120,7 +120,7 @@ pub fn decode(req: RunFunctionRequest) -> Result<RunRequest, String> {
 /// Credentials from an `ImagePullAuth`, in the order docker uses them: a registry
 /// token (sent as is), an identity token (an OAuth2 refresh token, exchanged at the
 /// registry's token endpoint), username/password, then `auth`.
-fn credentials(auth: &ImagePullAuth) -> Result<Credentials, String> {
+fn credentials(auth: &ImagePullAuth) -> Result<Credentials, RequestError> {
     if !auth.registry_token.is_empty() {
         return Ok(Credentials::Bearer {
             token: auth.registry_token.clone(),
@@ -140,12 +140,11 @@ fn credentials(auth: &ImagePullAuth) -> Result<Credentials, String> {
     if !auth.auth.is_empty() {
         let decoded = base64::engine::general_purpose::STANDARD
             .decode(auth.auth.trim())
-            .map_err(|_| "image pull auth is not base64".to_owned())?;
-        let decoded = String::from_utf8(decoded)
-            .map_err(|_| "image pull auth is not UTF-8 once decoded".to_owned())?;
+            .map_err(|_| RequestError::AuthNotBase64)?;
+        let decoded = String::from_utf8(decoded).map_err(|_| RequestError::AuthNotUtf8)?;
         let (username, password) = decoded
             .split_once(':')
-            .ok_or_else(|| "image pull auth is not base64 of user:password".to_owned())?;
+            .ok_or(RequestError::AuthNotUserPassword)?;
         return Ok(Credentials::Basic {
             username: username.to_owned(),
             password: password.to_owned(),
@@ -207,7 +206,7 @@ mod credentials_tests {
             ..Default::default()
         };
         let err = credentials(&a).unwrap_err();
-        assert!(!err.contains("nocolon"), "{err}");
+        assert!(!err.to_string().contains("nocolon"), "{err}");
         a.auth = "%%%".into();
         assert!(credentials(&a).is_err());
     }
@@ -280,7 +279,12 @@ mod tests {
     fn refuses_malformed_requests() {
         let mut q = req();
         q.image = " ".into();
-        assert!(decode(q).unwrap_err().contains("image is required"));
+        assert!(
+            decode(q)
+                .unwrap_err()
+                .to_string()
+                .contains("image is required")
+        );
         let mut q = req();
         q.run_function_config = Some(RunFunctionConfig {
             resources: Some(ResourceConfig {
@@ -291,7 +295,12 @@ mod tests {
             }),
             ..Default::default()
         });
-        assert!(decode(q).unwrap_err().contains("memory limit \"lots\""));
+        assert!(
+            decode(q)
+                .unwrap_err()
+                .to_string()
+                .contains("memory limit \"lots\"")
+        );
         let mut q = req();
         q.run_function_config = Some(RunFunctionConfig {
             timeout: Some(prost_types::Duration {
@@ -300,20 +309,25 @@ mod tests {
             }),
             ..Default::default()
         });
-        assert!(decode(q).unwrap_err().contains("negative"));
+        assert!(decode(q).unwrap_err().to_string().contains("negative"));
         let mut q = req();
         q.image_pull_config = Some(ImagePullConfig {
             pull_policy: 42,
             auth: None,
         });
-        assert!(decode(q).unwrap_err().contains("unknown image pull policy"));
+        assert!(
+            decode(q)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown image pull policy")
+        );
     }
 
     #[test]
     fn every_class_has_its_code() {
         assert_eq!(code(Class::ResourceExhausted), Code::ResourceExhausted);
         assert_eq!(code(Class::Aborted), Code::Aborted);
-        let s: Status = RunError::InvalidRequest("x".into()).into();
+        let s: Status = RunError::InvalidRequest(RequestError::NoImage).into();
         assert_eq!(s.code(), Code::InvalidArgument);
     }
 
@@ -334,7 +348,10 @@ mod tests {
             "{}",
             s.message()
         );
-        let s: Status = RunError::InvalidRequest("b".repeat(1 << 20)).into();
+        let s: Status = RunError::RegistryNotAllowed {
+            registry: "b".repeat(1 << 20),
+        }
+        .into();
         assert!(
             s.message().len() <= STATUS_MESSAGE_MAX,
             "{}",

@@ -74,6 +74,32 @@ pub fn for_image(image: &Image) -> Result<ExecUser, UserError> {
     resolve(user, &rootfs)
 }
 
+/// The image's `nobody`, for a KRM function run as kpt runs it: the entry of
+/// that name in the image's `/etc/passwd`, else 65534:65534 with `/` as home
+/// (an image without the file, or without the user).
+pub fn nobody(image: &Image) -> Result<ExecUser, UserError> {
+    let rootfs = image.rootfs().map_err(|err| UserError::Read {
+        user: "nobody".to_owned(),
+        err,
+    })?;
+    nobody_in(&rootfs)
+}
+
+fn nobody_in(rootfs: &LayerStack) -> Result<ExecUser, UserError> {
+    let fallback = || ExecUser {
+        uid: 65534,
+        gid: 65534,
+        groups: Vec::new(),
+        home: "/".to_owned(),
+    };
+    match resolve("nobody", rootfs) {
+        Ok(user) => Ok(user),
+        Err(UserError::NoUser { .. }) => Ok(fallback()),
+        Err(UserError::Read { err, .. }) if err.kind() != ErrorKind::Internal => Ok(fallback()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Resolves `user` against the image's root file system `rootfs`.
 pub fn resolve(user: &str, rootfs: &LayerStack) -> Result<ExecUser, UserError> {
     let (u, g) = match user.split_once(':') {
@@ -185,6 +211,36 @@ mod tests {
 
     const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\nfn:x:1000:1001:fn:/home/fn:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n";
     const GROUP: &str = "root:x:0:\nfn:x:1001:\nwheel:x:10:fn,root\nextra:x:20:fn\n";
+
+    #[test]
+    fn nobody_is_the_images_own_or_65534() {
+        let (_d, l) = layers(&[("etc/passwd", PASSWD), ("etc/group", GROUP)]);
+        let own = super::nobody_in(&LayerStack::open(&l).unwrap()).unwrap();
+        assert_eq!((own.uid, own.gid, own.home.as_str()), (65534, 65534, "/"));
+        let custom = "nobody:x:99:98::/home/nobody:/bin/false\n";
+        let (_d, l) = layers(&[("etc/passwd", custom)]);
+        let own = super::nobody_in(&LayerStack::open(&l).unwrap()).unwrap();
+        assert_eq!(
+            (own.uid, own.gid, own.home.as_str()),
+            (99, 98, "/home/nobody")
+        );
+        for files in [
+            &[][..],
+            &[("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n")][..],
+        ] {
+            let (_d, l) = layers(files);
+            let fallback = super::nobody_in(&LayerStack::open(&l).unwrap()).unwrap();
+            assert_eq!(
+                fallback,
+                ExecUser {
+                    uid: 65534,
+                    gid: 65534,
+                    groups: vec![],
+                    home: "/".into()
+                }
+            );
+        }
+    }
 
     #[test]
     fn resolves_names_numbers_and_groups() {

@@ -24,6 +24,15 @@ pub enum Error {
     /// Building the sandbox failed inside it (a step of init).
     #[error("sandbox setup failed: {what}: {errno}")]
     Setup { what: String, errno: Errno },
+    /// A bind mount could not be made inside the sandbox: the source cannot
+    /// be reached from there, it changed, or the target cannot be made.
+    #[error("cannot mount {host} on {target}: {what}: {errno}")]
+    Mount {
+        host: String,
+        target: String,
+        what: &'static str,
+        errno: Errno,
+    },
     /// The function process could not be started.
     #[error("cannot start the function: {stage} ({path}): {errno}")]
     Exec {
@@ -101,4 +110,14 @@ pub enum SpecError {
     BadLayerPath(PathBuf),
     #[error("the overlay options for {0} layers do not fit in a page")]
     OverlayOptionsTooLong(usize),
+    #[error("{0} bind mounts; at most {max} are allowed", max = crate::mounts::MAX_MOUNTS)]
+    TooManyMounts(usize),
+    #[error("two bind mounts on {0:?}")]
+    DuplicateMountTarget(String),
+    #[error("host user {uid}:{gid} cannot be mapped into the sandbox: {why}")]
+    HostUser {
+        uid: u32,
+        gid: u32,
+        why: &'static str,
+    },
 }

@@ -2,6 +2,17 @@
 
 use std::io::Write;
 
+use crate::error::SpecError;
+
+/// A host user mapped into one run besides the sandbox's own ids, so that the
+/// function can act on the host as that user: on a writable bind mount, the
+/// files it makes are theirs (kpt's `--as-current-user`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostUser {
+    pub uid: u32,
+    pub gid: u32,
+}
+
 /// How ids inside the sandbox map to the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdMap {
@@ -54,6 +65,41 @@ impl IdMap {
         matches!(self, IdMap::Range { .. })
     }
 
+    /// The uid and gid `user` has inside a run that maps it.
+    ///
+    /// A privileged runner maps it as one more id, right past its range
+    /// (`size`, so 65536 by default), by an extra line in that run's maps; it
+    /// cannot be one of the range's host ids. An unprivileged runner maps only
+    /// its own ids, to 0: `user` must be those.
+    pub fn inside_ids(&self, user: HostUser) -> Result<(u32, u32), SpecError> {
+        let refuse = |why| SpecError::HostUser {
+            uid: user.uid,
+            gid: user.gid,
+            why,
+        };
+        match *self {
+            IdMap::Range {
+                host_uid,
+                host_gid,
+                size,
+            } => {
+                let inside = |id: u32, first: u32| id >= first && id - first < size;
+                if inside(user.uid, host_uid) || inside(user.gid, host_gid) {
+                    return Err(refuse("its ids are in the range mapped for the image"));
+                }
+                Ok((size, size))
+            }
+            IdMap::Own { host_uid, host_gid } => {
+                if (user.uid, user.gid) != (host_uid, host_gid) {
+                    return Err(refuse(
+                        "an unprivileged runner can map only its own uid and gid",
+                    ));
+                }
+                Ok((0, 0))
+            }
+        }
+    }
+
     /// The contents of `uid_map` and `gid_map`.
     pub fn lines(&self) -> (String, String) {
         match *self {
@@ -71,9 +117,21 @@ impl IdMap {
         }
     }
 
-    /// Writes the maps of the child `pid`'s user namespace.
-    pub fn write(&self, pid: libc::pid_t) -> std::io::Result<()> {
-        let (uid_map, gid_map) = self.lines();
+    /// The contents of `uid_map` and `gid_map` of a run that also maps
+    /// `caller` (see [`IdMap::inside_ids`], which must have accepted it).
+    pub fn lines_with(&self, caller: Option<HostUser>) -> (String, String) {
+        let (mut uid_map, mut gid_map) = self.lines();
+        if let (Some(user), IdMap::Range { size, .. }) = (caller, self) {
+            uid_map.push_str(&format!("{size} {} 1\n", user.uid));
+            gid_map.push_str(&format!("{size} {} 1\n", user.gid));
+        }
+        (uid_map, gid_map)
+    }
+
+    /// Writes the maps of the child `pid`'s user namespace, with `caller`'s
+    /// ids too.
+    pub fn write(&self, pid: libc::pid_t, caller: Option<HostUser>) -> std::io::Result<()> {
+        let (uid_map, gid_map) = self.lines_with(caller);
         let write = |file: &str, data: &str| -> std::io::Result<()> {
             let path = format!("/proc/{pid}/{file}");
             let mut f = std::fs::OpenOptions::new().write(true).open(&path)?;
@@ -127,6 +185,70 @@ mod tests {
         );
         assert_eq!(own.size(), 1);
         assert!(!own.can_setgroups());
+    }
+
+    #[test]
+    fn a_host_user_is_mapped_past_the_range_or_as_the_runner() {
+        let range = IdMap::Range {
+            host_uid: 100000,
+            host_gid: 200000,
+            size: RANGE_SIZE,
+        };
+        let root = HostUser { uid: 0, gid: 0 };
+        assert_eq!(range.inside_ids(root), Ok((65536, 65536)));
+        assert_eq!(
+            range.lines_with(Some(root)),
+            (
+                "0 100000 65536\n65536 0 1\n".to_owned(),
+                "0 200000 65536\n65536 0 1\n".to_owned()
+            )
+        );
+        assert_eq!(range.lines_with(None), range.lines());
+        for user in [
+            HostUser {
+                uid: 100000,
+                gid: 0,
+            },
+            HostUser {
+                uid: 165535,
+                gid: 0,
+            },
+            HostUser {
+                uid: 0,
+                gid: 200000,
+            },
+        ] {
+            let err = range.inside_ids(user).unwrap_err().to_string();
+            assert!(err.contains("in the range mapped for the image"), "{err}");
+        }
+        assert!(
+            range
+                .inside_ids(HostUser {
+                    uid: 165536,
+                    gid: 0
+                })
+                .is_ok()
+        );
+        let own = IdMap::Own {
+            host_uid: 1000,
+            host_gid: 1001,
+        };
+        assert_eq!(
+            own.inside_ids(HostUser {
+                uid: 1000,
+                gid: 1001
+            }),
+            Ok((0, 0))
+        );
+        assert_eq!(
+            own.lines_with(Some(HostUser {
+                uid: 1000,
+                gid: 1001
+            })),
+            own.lines()
+        );
+        let err = own.inside_ids(root).unwrap_err().to_string();
+        assert!(err.contains("only its own uid and gid"), "{err}");
     }
 
     #[test]

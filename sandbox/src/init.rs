@@ -162,7 +162,7 @@ impl Stage {
             Stage::BecomeRoot => setup("become root of the user namespace"),
             Stage::CgroupNamespace => setup("create the cgroup namespace"),
             Stage::Step(i) => match plan.steps.get(i as usize) {
-                Some(step) => setup(&step.describe()),
+                Some(step) => step.error(errno),
                 None => setup(&format!("step {i}")),
             },
             Stage::ServeSockets => setup("prepare to serve sockets"),
@@ -304,8 +304,10 @@ pub(crate) fn init_main(init: &Init<'_>) -> ! {
     if let Err(e) = sys::unshare(libc::CLONE_NEWCGROUP) {
         fail(init, Stage::CgroupNamespace, e, 125);
     }
+    // The bind mounts' trees between the steps that clone and attach them.
+    let mut trees = crate::steps::Trees::new();
     for (i, step) in plan.steps.iter().enumerate() {
-        if let Err(e) = step.run() {
+        if let Err(e) = step.run(&mut trees) {
             let i = u32::try_from(i).unwrap_or(u32::MAX);
             fail(init, Stage::Step(i), e, 125);
         }
@@ -422,6 +424,9 @@ const SECUREBITS: libc::c_ulong = (libc::SECBIT_NOROOT
 /// this value and the current hard limit. Enough descriptors for any server
 /// (as container runtimes give), and no core dumps (they would fill the run's
 /// writable layer).
+// The RLIMIT_* numbers are small (4, 7): the cast to the raw call's int
+// cannot wrap.
+#[allow(clippy::cast_possible_wrap)]
 const RLIMITS: [(libc::c_int, u64); 2] = [
     (libc::RLIMIT_NOFILE as libc::c_int, 1 << 20),
     (libc::RLIMIT_CORE as libc::c_int, 0),

@@ -54,11 +54,20 @@ pub(crate) fn plan(
         return Err(SpecError::RelativeWorkdir(spec.workdir.clone()).into());
     }
     let size = config.id_map.size();
+    // The caller's ids, when the run maps them too.
+    let caller = spec
+        .caller
+        .map(|user| config.id_map.inside_ids(user))
+        .transpose()?;
     for (what, id) in [("uid", spec.uid), ("gid", spec.gid)]
         .into_iter()
         .chain(spec.groups.iter().map(|g| ("group", *g)))
     {
-        if id >= size {
+        let callers = caller.is_some_and(|(uid, gid)| match what {
+            "uid" => id == uid,
+            _ => id == gid,
+        });
+        if id >= size && !callers {
             return Err(SpecError::Unmapped { what, id, size }.into());
         }
     }

@@ -137,7 +137,7 @@ impl Sandbox {
         }
         self.config
             .id_map
-            .write(launched.pid)
+            .write(launched.pid, spec.caller)
             .map_err(Error::io_at(
                 "write the id maps of",
                 format!("/proc/{}", launched.pid),

@@ -4,6 +4,9 @@
 
 use std::path::PathBuf;
 
+use crate::idmap::HostUser;
+use crate::mounts::BindMount;
+
 /// The `PATH` of a run whose environment has none, and the one container
 /// runtimes give images without an `Env` of their own.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -50,4 +53,11 @@ pub struct RunSpec {
     pub network: Network,
     /// Memory, CPU and pids limits.
     pub limits: Limits,
+    /// Host files and directories mounted into the run, read-only unless
+    /// asked otherwise (empty for most runs).
+    pub mounts: Vec<BindMount>,
+    /// A host user mapped into this run besides the sandbox's ids, so that
+    /// `uid`/`gid` can be theirs (see [`crate::IdMap::inside_ids`]); `None`
+    /// for most runs.
+    pub caller: Option<HostUser>,
 }

@@ -7,18 +7,26 @@
 //! a new step is one variant here, with its `run`, its `describe`, and its
 //! place in [`rootfs`]: this file only.
 //!
-//! The sequence: make every mount private; a tmpfs for the writable layer;
-//! the overlay root; `pivot_root` into it; `/proc`, `/tmp`, a minimal `/dev`
-//! and `/sys` mounted inside it (so the image's symlinks resolve inside);
-//! masked and read-only paths; the old root detached; a new session; the
-//! hostname and `lo`. `docs/sandbox.md` says why each step is there.
+//! The sequence: make every mount private; the sources of the caller's bind
+//! mounts opened and cloned; a tmpfs for the writable layer; the overlay
+//! root; `pivot_root` into it; `/proc`, `/tmp`, a minimal `/dev` and `/sys`
+//! mounted inside it (so the image's symlinks resolve inside); masked and
+//! read-only paths; the old root detached; the bind mounts attached; a new
+//! session; the hostname and `lo`. `docs/sandbox.md` says why each step is
+//! there.
+//!
+//! Steps hand each other one thing: the mount trees [`Step::BindSource`]
+//! clones, held in [`Trees`] on init's stack until [`Step::BindTarget`]
+//! attaches them.
 
 use std::ffi::{CStr, CString};
+use std::os::fd::RawFd;
 
 use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
+use crate::error::{Error, SpecError};
+use crate::mounts::MAX_MOUNTS;
 use crate::overlay::{self, Overlay};
 use crate::plan::{cstring, path_str};
 use crate::{Network, RunSpec, SandboxConfig, sys};
@@ -64,6 +72,55 @@ pub(crate) enum Step {
     RemountReadOnly { path: CString },
     /// Starts a new session (and process group) without a controlling terminal.
     NewSession,
+    /// Opens the source of bind mount `index` by its canonical host path
+    /// without following any symlink, checks that it is the file the runner
+    /// identified (`dev`, `ino`; else ESTALE), clones its mount tree and makes
+    /// the clone nosuid, nodev and, unless `writable`, read-only, all
+    /// recursively. The clone waits in [`Trees`].
+    BindSource {
+        index: usize,
+        source: CString,
+        target: CString,
+        dev: u64,
+        ino: u64,
+        writable: bool,
+    },
+    /// Creates the target of bind mount `index` inside the new root (missing
+    /// directories, and an empty file for a file source), resolving each
+    /// component inside it (`components`: name and path so far, relative to
+    /// the root), and attaches the clone onto the opened target.
+    BindTarget {
+        index: usize,
+        source: CString,
+        target: CString,
+        components: Vec<(CString, CString)>,
+        file: bool,
+    },
+}
+
+/// The mount trees cloned by [`Step::BindSource`], by mount index, until
+/// [`Step::BindTarget`] attaches them. A fixed array on init's stack: no
+/// allocation.
+pub(crate) struct Trees {
+    fds: [RawFd; MAX_MOUNTS],
+}
+
+impl Trees {
+    pub(crate) const fn new() -> Self {
+        Trees {
+            fds: [-1; MAX_MOUNTS],
+        }
+    }
+}
+
+impl Drop for Trees {
+    fn drop(&mut self) {
+        for fd in self.fds {
+            if fd >= 0 {
+                sys::close(fd);
+            }
+        }
+    }
 }
 
 impl Step {
@@ -98,11 +155,52 @@ impl Step {
             Step::BindReadOnly { path } => format!("bind {} read-only", s(path)),
             Step::RemountReadOnly { path } => format!("remount {} read-only", s(path)),
             Step::NewSession => "start a new session".to_owned(),
+            Step::BindSource { source, .. } => format!("open the mount source {}", s(source)),
+            Step::BindTarget { source, target, .. } => {
+                format!("mount {} on {}", s(source), s(target))
+            }
+        }
+    }
+
+    /// The error of this step failing with `errno`.
+    pub(crate) fn error(&self, errno: Errno) -> Error {
+        let s = |c: &CString| c.to_string_lossy().into_owned();
+        match self {
+            Step::BindSource { source, target, .. } => Error::Mount {
+                host: s(source),
+                target: s(target),
+                what: match errno {
+                    Errno::ESTALE => "the source is no longer the file fnrun resolved",
+                    Errno::ELOOP => "a component of the source path became a symlink",
+                    Errno::EACCES => {
+                        "the sandbox's root, a host id without privileges, cannot reach \
+                         the source (every directory above it must be searchable by it)"
+                    }
+                    _ => "cannot open the source inside the sandbox",
+                },
+                errno,
+            },
+            Step::BindTarget { source, target, .. } => Error::Mount {
+                host: s(source),
+                target: s(target),
+                what: match errno {
+                    Errno::ELOOP => {
+                        "a component of the target is a symlink that cannot be followed \
+                         inside the run (dangling, or through /proc)"
+                    }
+                    _ => "cannot create the target or mount onto it",
+                },
+                errno,
+            },
+            _ => Error::Setup {
+                what: self.describe(),
+                errno,
+            },
         }
     }
 
     /// Runs the step (in init: raw system calls only).
-    pub(crate) fn run(&self) -> sys::SysResult<()> {
+    pub(crate) fn run(&self, trees: &mut Trees) -> sys::SysResult<()> {
         match self {
             Step::Mount {
                 source,
@@ -153,8 +251,89 @@ impl Step {
             }
             Step::RemountReadOnly { path } => remount_read_only(path),
             Step::NewSession => sys::setsid(),
+            Step::BindSource {
+                index,
+                source,
+                dev,
+                ino,
+                writable,
+                ..
+            } => {
+                let slot = trees.fds.get_mut(*index).ok_or(Errno::EINVAL)?;
+                let file = sys::openat2(
+                    libc::AT_FDCWD,
+                    source,
+                    libc::O_PATH | libc::O_CLOEXEC,
+                    libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+                )?;
+                if sys::file_id(file.0)? != (*dev, *ino) {
+                    return Err(Errno::ESTALE);
+                }
+                let tree = sys::clone_tree(file.0)?;
+                let mut attributes = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+                if !writable {
+                    attributes |= libc::MOUNT_ATTR_RDONLY;
+                }
+                sys::set_tree_attributes(tree.0, attributes)?;
+                *slot = tree.0;
+                std::mem::forget(tree);
+                Ok(())
+            }
+            Step::BindTarget {
+                index,
+                components,
+                file,
+                ..
+            } => {
+                let slot = trees.fds.get_mut(*index).ok_or(Errno::EINVAL)?;
+                if *slot < 0 {
+                    return Err(Errno::EBADF);
+                }
+                let tree = sys::Fd(std::mem::replace(slot, -1));
+                let target = create_target(components, *file)?;
+                sys::attach_tree(tree.0, target.0)
+            }
         }
     }
+}
+
+/// Opens (creating what is missing) the target `components` inside the root
+/// of the calling process: every component is resolved inside it, with no
+/// magic links, so an image's symlink cannot lead out of it. The last
+/// component is a directory unless `file`.
+fn create_target(components: &[(CString, CString)], file: bool) -> sys::SysResult<sys::Fd> {
+    let root = sys::openat2(
+        libc::AT_FDCWD,
+        c"/",
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        0,
+    )?;
+    let in_root = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    let mut parent: Option<sys::Fd> = None;
+    for (i, (name, path)) in components.iter().enumerate() {
+        let dir = i + 1 < components.len() || !file;
+        let flags = libc::O_PATH | libc::O_CLOEXEC | if dir { libc::O_DIRECTORY } else { 0 };
+        let opened = match sys::openat2(root.0, path, flags, in_root) {
+            Err(Errno::ENOENT) => {
+                let at = parent.as_ref().map_or(root.0, |p| p.0);
+                if dir {
+                    sys::mkdirat(at, name, 0o755)?;
+                } else {
+                    sys::touchat(at, name, 0o644)?;
+                }
+                // Just made here: opened where it was made, following nothing.
+                sys::openat2(
+                    at,
+                    name,
+                    flags,
+                    libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+                )?
+            }
+            other => other?,
+        };
+        parent = Some(opened);
+    }
+    parent.ok_or(Errno::EINVAL)
 }
 
 /// A read-only bind remount. It must repeat the mount's nosuid, nodev, noexec
@@ -198,6 +377,25 @@ pub(crate) const READ_ONLY_PATHS: [&str; 5] = [
     "/proc/sysrq-trigger",
 ];
 
+/// The bind mounts of `spec`, parents before what they hold (by the number
+/// of components of their targets, stably), checked together: at most
+/// [`MAX_MOUNTS`], no two on one target.
+fn bind_mounts(spec: &RunSpec) -> Result<Vec<&crate::BindMount>, Error> {
+    if spec.mounts.len() > MAX_MOUNTS {
+        return Err(SpecError::TooManyMounts(spec.mounts.len()).into());
+    }
+    let mut binds: Vec<&crate::BindMount> = spec.mounts.iter().collect();
+    binds.sort_by_key(|b| b.target().matches('/').count());
+    for (i, bind) in binds.iter().enumerate() {
+        if binds[..i].iter().any(|b| b.target() == bind.target()) {
+            return Err(
+                SpecError::DuplicateMountTarget(bind.target().chars().take(256).collect()).into(),
+            );
+        }
+    }
+    Ok(binds)
+}
+
 /// Plans the steps that build the root of a run of `spec`. Pure: no system
 /// calls. `run_tag` makes the old root's directory name unique.
 pub(crate) fn rootfs(
@@ -239,6 +437,21 @@ pub(crate) fn rootfs(
         libc::MS_REC | libc::MS_PRIVATE,
         None,
     )?);
+    // The caller's bind mounts, parents first: their sources opened and
+    // cloned while the host's tree is "/", their targets attached once it
+    // is gone (after step 8).
+    let binds = bind_mounts(spec)?;
+    for (index, bind) in binds.iter().enumerate() {
+        let (dev, ino) = bind.id();
+        steps.push(Step::BindSource {
+            index,
+            source: cstring("mount source", bind.source().as_os_str().as_encoded_bytes())?,
+            target: c(bind.target())?,
+            dev,
+            ino,
+            writable: bind.writable(),
+        });
+    }
     // 2. A private tmpfs for the writable layer: it vanishes with the run.
     let tmpfs_opts = format!("mode=0755,size={}", config.writable_bytes);
     steps.push(mount(
@@ -303,6 +516,10 @@ pub(crate) fn rootfs(
             libc::MS_BIND,
             None,
         )?);
+        // The host's own device nodes: reads and writes still reach the
+        // device, but their owner (a host id that may be mapped into the
+        // run, see `HostUser`) cannot chmod or touch them.
+        steps.push(Step::RemountReadOnly { path: c(&target)? });
     }
     for (link, target) in [
         ("/dev/fd", "/proc/self/fd"),
@@ -357,6 +574,20 @@ pub(crate) fn rootfs(
     steps.push(Step::Rmdir {
         path: c(&format!("/{old_root}"))?,
     });
+    // The bind mounts' targets, now that only the new root is left to
+    // resolve them in.
+    for (index, bind) in binds.iter().enumerate() {
+        steps.push(Step::BindTarget {
+            index,
+            source: cstring("mount source", bind.source().as_os_str().as_encoded_bytes())?,
+            target: c(bind.target())?,
+            components: bind.target_components().map_err(|_| SpecError::NulByte {
+                what: "mount target",
+                start: bind.target().chars().take(64).collect(),
+            })?,
+            file: !bind.is_dir(),
+        });
+    }
     // 9. Leave the runner's session and process group: no controlling
     //    terminal to open through /dev/tty, and no terminal signals
     //    (Ctrl-C) reach the function.

@@ -177,7 +177,8 @@ fn search(intervals: &[(u32, Outcome)], default: u32) -> Result<Vec<sock_filter>
         Err(_) => {
             // Conditional jumps reach 255 instructions; an unconditional one, any.
             out.push(jump(JMP_JGE_K, start, 0, 1));
-            out.push(stmt(JMP_JA, left.len() as u32));
+            let skip = u32::try_from(left.len()).map_err(|_| Error::TooLarge(left.len()))?;
+            out.push(stmt(JMP_JA, skip));
         }
     }
     out.extend(left);
@@ -243,6 +244,14 @@ fn leaf(outcome: &Outcome, default: u32) -> Result<Vec<sock_filter>, Error> {
     Ok(out)
 }
 
+/// The high and low 32 bits of `v`: a 64-bit argument is compared as two
+/// words, as BPF loads them.
+fn halves(v: u64) -> (u32, u32) {
+    let high = u32::try_from(v >> 32).expect("32 bits");
+    let low = u32::try_from(v & u64::from(u32::MAX)).expect("32 bits");
+    (high, low)
+}
+
 /// Appends the test of `c` to `alt`: falls through when it holds, jumps to
 /// [`Target::Fail`] when it does not.
 fn condition(c: &Condition, alt: &mut Vec<Ins>) {
@@ -250,7 +259,7 @@ fn condition(c: &Condition, alt: &mut Vec<Ins>) {
     let low = DATA_ARGS + 8 * u32::from(c.index);
     // All supported architectures are little-endian: the high half follows.
     let high = low + 4;
-    let (vh, vl) = ((c.val >> 32) as u32, c.val as u32);
+    let (vh, vl) = halves(c.val);
     let load = |at: u32| (LD_W_ABS, at, Skip(0), Skip(0));
     let mut put = |(code, k, jt, jf): (u16, u32, Target, Target)| alt.push(Ins { code, k, jt, jf });
     match (c.width, c.op) {
@@ -264,8 +273,9 @@ fn condition(c: &Condition, alt: &mut Vec<Ins>) {
                 Op::Lt => put((JMP_JGE_K, vl, Fail, Skip(0))),
                 Op::Le => put((JMP_JGT_K, vl, Fail, Skip(0))),
                 Op::MaskedEq(mask) => {
-                    put((ALU_AND_K, mask as u32, Skip(0), Skip(0)));
-                    put((JMP_JEQ_K, vl & mask as u32, Skip(0), Fail));
+                    let (_, ml) = halves(mask);
+                    put((ALU_AND_K, ml, Skip(0), Skip(0)));
+                    put((JMP_JEQ_K, vl & ml, Skip(0), Fail));
                 }
             }
         }
@@ -283,7 +293,7 @@ fn condition(c: &Condition, alt: &mut Vec<Ins>) {
             put((JMP_JEQ_K, vl, Fail, Skip(0)));
         }
         (Width::Qword, Op::MaskedEq(mask)) => {
-            let (mh, ml) = ((mask >> 32) as u32, mask as u32);
+            let (mh, ml) = halves(mask);
             put(load(high));
             put((ALU_AND_K, mh, Skip(0), Skip(0)));
             put((JMP_JEQ_K, vh & mh, Skip(0), Fail));

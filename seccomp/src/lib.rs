@@ -549,7 +549,8 @@ fn chain(parts: Vec<BpfProgram>) -> BpfProgram {
                         jt: 0,
                         jf: 0,
                         // The next instruction after the jump is pc + 1 + k.
-                        k: (len - pc - 1) as u32,
+                        k: u32::try_from(len - pc - 1)
+                            .expect("a seccompiler program has far fewer than 2^32 instructions"),
                     };
                 }
             }

@@ -24,7 +24,11 @@ const RET_KILL_PROCESS: u32 = 0x8000_0000;
 /// `seccomp_data` (nr, arch, ip, args).
 fn evaluate(program: &[sock_filter], arch: u32, nr: libc::c_long, args: [u64; 6]) -> u32 {
     let mut data = Vec::with_capacity(64);
-    data.extend((nr as u32).to_ne_bytes());
+    data.extend(
+        u32::try_from(nr)
+            .expect("syscall numbers fit in 32 bits")
+            .to_ne_bytes(),
+    );
     data.extend(arch.to_ne_bytes());
     data.extend(0u64.to_ne_bytes());
     for a in args {
@@ -166,7 +170,7 @@ fn program_returns_the_expected_actions() {
         libc::CLONE_NEWIPC,
         libc::CLONE_NEWCGROUP,
     ] {
-        let flags = (ns | libc::SIGCHLD) as u64;
+        let flags = u64::try_from(ns | libc::SIGCHLD).expect("clone flags are positive");
         assert_eq!(call(&program, libc::SYS_clone, flags), eperm, "{ns:#x}");
     }
     // socket: not AF_VSOCK.
@@ -331,7 +335,7 @@ fn compact_programs_agree_with_seccompiler() {
     for (i, group) in conditioned.syscalls.iter_mut().enumerate() {
         if group.action == Action::Allow && group.args.is_empty() {
             group.args.push(Condition {
-                index: (i % 6) as u8,
+                index: u8::try_from(i % 6).expect("below 6"),
                 width: if i % 2 == 0 {
                     Width::Dword
                 } else {

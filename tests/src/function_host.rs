@@ -438,7 +438,9 @@ pub fn descendants_named(ancestor: u32, name: &str) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let ancestor = ancestor as i32;
+    let Ok(ancestor) = i32::try_from(ancestor) else {
+        return Vec::new();
+    };
     entries
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())

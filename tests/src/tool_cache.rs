@@ -166,6 +166,16 @@ impl Protos {
         }
     }
 
+    /// Porch's `evaluator` API (`api/proto/evaluator`); Go imports it as
+    /// `fnrun.test/evaluator`.
+    pub fn fnrun_evaluator() -> Protos {
+        Protos {
+            root: crate::workspace_root().join("api/proto"),
+            files: vec![PathBuf::from("evaluator/evaluator.proto")],
+            go_package: Some("fnrun.test/evaluator".to_owned()),
+        }
+    }
+
     /// Adds the files' paths and contents to `key`.
     pub fn hash_into(&self, key: &mut Key) -> Result<()> {
         key.part("proto root", self.root.to_string_lossy().as_bytes());

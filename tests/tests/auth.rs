@@ -25,7 +25,7 @@ fn private_registry() -> (Registry, String) {
     (registry, image)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn username_and_password_pull_a_private_image() {
     let (_registry, image) = private_registry();
     let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
@@ -39,7 +39,7 @@ async fn username_and_password_pull_a_private_image() {
     assert_same_yaml(&String::from_utf8_lossy(&output.output), SAMPLE);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn docker_config_style_auth_pulls_a_private_image() {
     let (_registry, image) = private_registry();
     let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
@@ -54,7 +54,7 @@ async fn docker_config_style_auth_pulls_a_private_image() {
     assert_same_yaml(&String::from_utf8_lossy(&output.output), SAMPLE);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_or_wrong_credentials_are_refused() {
     let (_registry, image) = private_registry();
     let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");

@@ -96,7 +96,7 @@ async fn a_huge_invalid_input_gets_a_bounded_status_through_tonic_and_log() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_invalid_input_gets_a_bounded_status_through_python_grpcio() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");

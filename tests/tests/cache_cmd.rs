@@ -176,7 +176,7 @@ fn two_images_on_one_base_layer_take_the_space_of_one() {
     assert_eq!(out.stdout.lines().count(), 3, "{}", out.describe());
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_prunes_to_cache_max_size_after_a_run() {
     use fnrun_tests::client::{self, Run};
     use fnrun_tests::daemon::{Daemon, DaemonOpts};

@@ -13,7 +13,7 @@ use fnrun_tests::process::spawners_of;
 use fnrun_tests::registry::{Registry, free_port, http_get};
 use tonic::Code;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_beyond_concurrency_and_queue_is_refused_at_once() {
     let registry = Registry::start().expect("registry starts");
     let image =
@@ -134,7 +134,7 @@ async fn reflection_v1_and_v1alpha_list_the_services_and_give_their_files() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_from_other_registries_are_permission_denied() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -164,7 +164,7 @@ fn sample(body: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("{series} missing:\n{body}"))
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_with_runs_pulls_and_failures() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -243,7 +243,7 @@ fn sleepers_gone(seconds: u32, limit: Duration) -> bool {
     false
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_has_its_run_killed() {
     let seconds = 4000 + std::process::id() % 500;
     let registry = Registry::start().expect("registry starts");
@@ -275,7 +275,7 @@ async fn a_client_that_goes_away_has_its_run_killed() {
         .expect("still serving");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_call_honours_the_client_deadline() {
     let seconds = 4500 + std::process::id() % 500;
     let registry = Registry::start().expect("registry starts");
@@ -343,7 +343,7 @@ async fn a_queued_call_honours_the_client_deadline() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inits_come_from_an_execed_spawner_which_is_replaced_when_killed() {
     let registry = Registry::start().expect("registry starts");
     let echo = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -377,7 +377,7 @@ async fn inits_come_from_an_execed_spawner_which_is_replaced_when_killed() {
 
     // Killed, it is replaced at the next run, which works.
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first as i32),
+        nix::unistd::Pid::from_raw(i32::try_from(first).expect("pids fit in i32")),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();

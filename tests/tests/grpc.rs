@@ -41,7 +41,7 @@ async fn expect_code(daemon: &Daemon, request: Run, code: Code) -> tonic::Status
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_function_over_a_unix_path() {
     let registry = registry();
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -50,7 +50,7 @@ async fn run_function_over_a_unix_path() {
     assert_same_yaml(&output, SAMPLE);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_function_over_an_abstract_socket() {
     let registry = registry();
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -59,7 +59,7 @@ async fn run_function_over_an_abstract_socket() {
     assert_same_yaml(&output, SAMPLE);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_address_is_crossplanes() {
     // Only this test listens on the real default address.
     let registry = registry();
@@ -69,7 +69,7 @@ async fn default_address_is_crossplanes() {
     assert_same_yaml(&output, SAMPLE);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_service_reports_serving() {
     let daemon = daemon(Listen::UnixPath);
     let channel = daemon.channel().await.expect("connects");
@@ -85,7 +85,7 @@ async fn health_service_reports_serving() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_all_succeed() {
     let registry = registry();
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -115,7 +115,7 @@ async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_image_or_tag_is_not_found() {
     let registry = registry();
     TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -132,7 +132,7 @@ async fn missing_image_or_tag_is_not_found() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_invalid_argument() {
     let registry = registry();
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -152,7 +152,7 @@ async fn malformed_requests_are_invalid_argument() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pull_policy_never_without_a_cached_image_is_failed_precondition() {
     let registry = registry();
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -165,7 +165,7 @@ async fn pull_policy_never_without_a_cached_image_is_failed_precondition() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_is_deadline_exceeded_and_kills_the_function() {
     let registry = registry();
     let image = fixtures::sleeper(31).push_to(&registry, "fns/sleep:v1");
@@ -197,7 +197,7 @@ async fn timeout_is_deadline_exceeded_and_kills_the_function() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_zero_exit_is_aborted_with_exit_code_and_stderr() {
     let registry = registry();
     let image = TestImage::script(FAIL_SCRIPT).push_to(&registry, "fns/fail:v1");
@@ -207,7 +207,7 @@ async fn non_zero_exit_is_aborted_with_exit_code_and_stderr() {
     assert!(status.message().contains("boom"), "stderr tail: {status:?}");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_that_is_not_functionio_is_aborted() {
     let registry = registry();
     let image = TestImage::script(HELLO_SCRIPT).push_to(&registry, "fns/hello:v1");
@@ -215,7 +215,7 @@ async fn output_that_is_not_functionio_is_aborted() {
     expect_code(&daemon, Run::new(&image, SAMPLE), Code::Aborted).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_survives_errors_and_keeps_serving() {
     let registry = registry();
     let echo = TestImage::echo().push_to(&registry, "fns/echo:v1");

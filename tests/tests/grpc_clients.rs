@@ -69,7 +69,7 @@ fn assert_refused_input(outcome: &Outcome, what: &str) {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_grpcio_on_a_unix_path_and_an_abstract_name() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -95,7 +95,7 @@ async fn python_grpcio_on_a_unix_path_and_an_abstract_name() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_go_dialing_every_way_on_unix_sockets() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -143,7 +143,7 @@ async fn tonic_on_a_unix_path_and_an_abstract_name() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpcio_reflection_v1alpha_lists_the_services_and_gives_their_file() {
     let (daemon, name) = daemon(&None);
     for target in [

@@ -732,7 +732,10 @@ impl Harness {
         let left = poll(Duration::from_secs(10), marked_processes).await;
         if !left.is_empty() {
             fnrun_tests::fixtures::kill_pids(
-                &left.iter().map(|(p, _)| *p as i32).collect::<Vec<_>>(),
+                &left
+                    .iter()
+                    .map(|(p, _)| i32::try_from(*p).expect("pids fit in i32"))
+                    .collect::<Vec<_>>(),
             );
             problems.push(format!(
                 "{} processes of the run remain on the host, e.g. {:?}",
@@ -1201,7 +1204,7 @@ fn test_user() -> Option<TestUser> {
     Some(ensure_test_user().expect("the test user exists"))
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_functions_are_contained_as_root_and_rootless() {
     let registry = Registry::start().expect("registry starts");
     let listener = Listener::start();

@@ -10,7 +10,7 @@ use fnrun_tests::image::TestImage;
 use fnrun_tests::registry::Registry;
 use tonic::Code;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_function_runs_within_limits() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -27,7 +27,7 @@ async fn small_function_runs_within_limits() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exceeding_the_memory_limit_is_resource_exhausted() {
     let registry = Registry::start().expect("registry starts");
     // The shell keeps 200 MB of command output in memory.

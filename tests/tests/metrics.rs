@@ -6,7 +6,7 @@ use fnrun_tests::functionio::SAMPLE;
 use fnrun_tests::image::TestImage;
 use fnrun_tests::registry::{Registry, free_port, http_get};
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_served_with_the_fnrun_prefix() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");

@@ -28,7 +28,7 @@ async fn probe(policy: Option<NetworkPolicy>) -> (String, bool) {
     (report, server.answered())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_network_is_isolated_with_only_loopback() {
     let (report, answered) = probe(None).await;
     assert!(report.starts_with("ifs=lo reply="), "{report}");
@@ -38,7 +38,7 @@ async fn default_network_is_isolated_with_only_loopback() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolated_network_has_only_loopback() {
     let (report, answered) = probe(Some(NetworkPolicy::Isolated)).await;
     assert!(report.starts_with("ifs=lo reply="), "{report}");
@@ -48,7 +48,7 @@ async fn isolated_network_has_only_loopback() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runner_network_reaches_the_runners_loopback() {
     let (report, answered) = probe(Some(NetworkPolicy::Runner)).await;
     assert!(report.ends_with("reply=pong"), "{report}");

@@ -26,7 +26,7 @@ fn says(word: &str) -> TestImage {
     TestImage::script(&report_script("", word))
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn if_not_present_runs_the_cached_image_without_the_registry() {
     let mut registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -45,7 +45,7 @@ async fn if_not_present_runs_the_cached_image_without_the_registry() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn always_needs_the_registry() {
     let mut registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -57,7 +57,7 @@ async fn always_needs_the_registry() {
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn always_sees_a_new_push_and_if_not_present_keeps_the_cached_one() {
     let registry = Registry::start().expect("registry starts");
     let image = says("one").push_to(&registry, "fns/word:v1");
@@ -78,7 +78,7 @@ async fn always_sees_a_new_push_and_if_not_present_keeps_the_cached_one() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn digest_references_run_and_are_cached() {
     let mut registry = Registry::start().expect("registry starts");
     TestImage::echo().push_to(&registry, "fns/echo:v1");
@@ -100,7 +100,7 @@ async fn digest_references_run_and_are_cached() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_without_a_cached_image_is_failed_precondition() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");

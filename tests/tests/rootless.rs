@@ -41,7 +41,7 @@ fn rootless_daemon(user: TestUser, listen: Listen) -> Daemon {
     daemon
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rootless_daemon_runs_a_function() {
     let Some(user) = test_user("rootless_daemon_runs_a_function") else {
         return;
@@ -56,7 +56,7 @@ async fn rootless_daemon_runs_a_function() {
     assert_same_yaml(&String::from_utf8_lossy(&output.output), SAMPLE);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rootless_daemon_on_an_abstract_socket_reports_function_failure() {
     let Some(user) = test_user("rootless_daemon_on_an_abstract_socket_reports_function_failure")
     else {
@@ -80,7 +80,7 @@ async fn rootless_daemon_on_an_abstract_socket_reports_function_failure() {
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rootless_maps_the_runners_own_id_to_root() {
     let Some(user) = test_user("rootless_maps_the_runners_own_id_to_root") else {
         return;

@@ -21,7 +21,7 @@ fn idle_daemon_exits_0_on_sigterm_and_sigint() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_run_finishes_during_shutdown() {
     let registry = Registry::start().expect("registry starts");
     let image =

@@ -71,7 +71,7 @@ async fn tls_client(
     Ok(ContainerizedFunctionRunnerServiceClient::new(channel))
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_serves_tls_and_requires_client_certificates_with_a_client_ca() {
     let pki = pki();
     let dir = tempfile::tempdir().unwrap();

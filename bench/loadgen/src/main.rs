@@ -1,6 +1,8 @@
-//! `fnrun-loadgen`: calls `RunFunction` over a unix socket `N` times at each
-//! concurrency `C` and prints p50/p90/p99/max latency, throughput and errors,
-//! as a table (stderr) and as JSON (stdout or `--json FILE`).
+//! `fnrun-loadgen`: calls `RunFunction` (or, with `--api evaluate`, Porch's
+//! `EvaluateFunction`) over a unix socket `N` times at each concurrency `C`
+//! and prints p50/p90/p99/max latency, throughput and errors, as a table
+//! (stderr) and as JSON (stdout or `--json FILE`). A call counts as ok when
+//! its output is as long as its input (the bench's function is `cat`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,13 +10,53 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+use fnrun_api::evaluator::EvaluateFunctionRequest;
+use fnrun_api::evaluator::function_evaluator_client::FunctionEvaluatorClient;
 use fnrun_api::v1alpha1::RunFunctionRequest;
 use fnrun_api::v1alpha1::containerized_function_runner_service_client::ContainerizedFunctionRunnerServiceClient;
 use serde_json::json;
 use tonic::transport::Channel;
 
-type Client = ContainerizedFunctionRunnerServiceClient<Channel>;
+/// Which API the calls go to.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Api {
+    /// `apiextensions.fn.proto.v1alpha1` `RunFunction` (FunctionIO).
+    RunFunction,
+    /// Porch's `evaluator.FunctionEvaluator/EvaluateFunction` (ResourceList).
+    Evaluate,
+}
+
+/// A client of the API under test.
+#[derive(Clone)]
+enum Client {
+    RunFunction(ContainerizedFunctionRunnerServiceClient<Channel>),
+    Evaluate(FunctionEvaluatorClient<Channel>),
+}
+
+impl Client {
+    /// One call; the length of its output.
+    async fn call(&mut self, image: &str, input: &[u8]) -> Result<usize, tonic::Status> {
+        match self {
+            Client::RunFunction(c) => c
+                .run_function(RunFunctionRequest {
+                    image: image.to_owned(),
+                    input: input.to_vec(),
+                    ..Default::default()
+                })
+                .await
+                .map(|r| r.get_ref().output.len()),
+            Client::Evaluate(c) => c
+                .evaluate_function(EvaluateFunctionRequest {
+                    resource_list: input.to_vec(),
+                    image: image.to_owned(),
+                    tag: String::new(),
+                })
+                .await
+                .map(|r| r.get_ref().resource_list.len()),
+        }
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(about = "RunFunction load client for fnrun benchmarks")]
@@ -56,13 +98,25 @@ struct Args {
     /// Fail (exit 1) if any call failed.
     #[arg(long)]
     require_zero_errors: bool,
+    /// The API to call.
+    #[arg(long, value_enum, default_value_t = Api::RunFunction)]
+    api: Api,
 }
 
-async fn connect(path: PathBuf) -> Result<Client> {
+async fn connect(path: PathBuf, api: Api) -> Result<Client> {
     let channel = fnrun_tests::client::channel_unix(&path).await?;
-    Ok(ContainerizedFunctionRunnerServiceClient::new(channel)
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20))
+    Ok(match api {
+        Api::RunFunction => Client::RunFunction(
+            ContainerizedFunctionRunnerServiceClient::new(channel)
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20),
+        ),
+        Api::Evaluate => Client::Evaluate(
+            FunctionEvaluatorClient::new(channel)
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20),
+        ),
+    })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -70,6 +124,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
         return f64::NAN;
     }
     // Nearest-rank.
+    // A rank between 0 and the length (p is a percentage): the float to
+    // integer conversion saturates and cannot lose anything that matters.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
@@ -82,16 +139,16 @@ struct Level {
     wall: Duration,
 }
 
-async fn run_level(args: &Args, request: &RunFunctionRequest, c: usize) -> Result<Level> {
+async fn run_level(args: &Args, input: &Arc<Vec<u8>>, c: usize) -> Result<Level> {
     // One connection per worker: no HTTP/2 stream sharing between workers.
     let mut clients = Vec::with_capacity(c);
     for _ in 0..c {
-        clients.push(connect(args.socket.clone()).await?);
+        clients.push(connect(args.socket.clone(), args.api).await?);
     }
     let timeout = Duration::from_secs(args.call_timeout);
     // Warm-up on the first connection (pull/unpack already done by the caller).
     for _ in 0..args.warmup {
-        let r = tokio::time::timeout(timeout, clients[0].run_function(request.clone())).await;
+        let r = tokio::time::timeout(timeout, clients[0].call(&args.image, input)).await;
         match r {
             Ok(Ok(_)) => {}
             Ok(Err(s)) => bail!("warm-up call failed: {s}"),
@@ -104,7 +161,7 @@ async fn run_level(args: &Args, request: &RunFunctionRequest, c: usize) -> Resul
     let mut tasks = Vec::with_capacity(c);
     for mut client in clients {
         let next = Arc::clone(&next);
-        let request = request.clone();
+        let (image, input) = (args.image.clone(), Arc::clone(input));
         let n = args.requests;
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
@@ -112,17 +169,16 @@ async fn run_level(args: &Args, request: &RunFunctionRequest, c: usize) -> Resul
             let mut first_error = None;
             while next.fetch_add(1, Ordering::Relaxed) < n && Instant::now() < deadline {
                 let t = Instant::now();
-                let r = tokio::time::timeout(timeout, client.run_function(request.clone())).await;
+                let r = tokio::time::timeout(timeout, client.call(&image, &input)).await;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 match r {
-                    Ok(Ok(resp)) if resp.get_ref().output.len() == request.input.len() => {
+                    Ok(Ok(len)) if len == input.len() => {
                         lat.push(ms);
                     }
-                    Ok(Ok(resp)) => {
+                    Ok(Ok(len)) => {
                         errors += 1;
-                        first_error.get_or_insert_with(|| {
-                            format!("unexpected output of {} bytes", resp.get_ref().output.len())
-                        });
+                        first_error
+                            .get_or_insert_with(|| format!("unexpected output of {len} bytes"));
                     }
                     Ok(Err(s)) => {
                         errors += 1;
@@ -165,11 +221,7 @@ fn main() -> Result<()> {
         }
         None => b"observed: {}\ndesired: {}\n".to_vec(),
     };
-    let request = RunFunctionRequest {
-        image: args.image.clone(),
-        input,
-        ..Default::default()
-    };
+    let input = Arc::new(input);
     // Two worker threads: the machine under test has two cores; the client
     // should not take more than its share.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -178,7 +230,7 @@ fn main() -> Result<()> {
         .build()?;
     let mut levels = Vec::new();
     for &c in &args.concurrency {
-        levels.push(rt.block_on(run_level(&args, &request, c.max(1)))?);
+        levels.push(rt.block_on(run_level(&args, &input, c.max(1)))?);
     }
 
     eprintln!(

@@ -46,7 +46,7 @@ pub(crate) struct Puller {
     pub(crate) config: CacheConfig,
     /// The directory under `layers/` of this cache's layer owner.
     pub(crate) owner_tag: String,
-    registries: Registries,
+    pub(crate) registries: Registries,
     locks: KeyedLocks,
     /// When this process last recorded the use of each reference.
     touched: Mutex<HashMap<String, Instant>>,

@@ -42,6 +42,20 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bound on cached clients (one per registry and credentials).
 const MAX_CLIENTS: usize = 64;
+/// Tags asked for per page of a tag list.
+const TAGS_PAGE: usize = 1000;
+/// The most tags of one repository listed.
+pub(crate) const MAX_TAGS: usize = 100_000;
+
+/// Whether `s` is a tag (`[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`).
+fn is_tag(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"_.-".contains(c))
+}
 
 /// A repository in a registry plus the normalized reference used in messages.
 #[derive(Debug, Clone)]
@@ -348,6 +362,126 @@ impl Registries {
             });
         }
         Ok((bytes, actual))
+    }
+
+    /// The tags of `repo`, in the registry's order (`GET /v2/<name>/tags/list`),
+    /// at most [`MAX_TAGS`], page after page of [`TAGS_PAGE`] (`n` and `last`,
+    /// as the distribution spec pages them). Each page's body is bounded as a
+    /// manifest's is; names that are not tags are dropped.
+    pub(crate) async fn tags(
+        &self,
+        repo: &Repo,
+        creds: &Credentials,
+    ) -> Result<Vec<String>, RegistryError> {
+        let (client, auth) = self.client(repo, creds).await?;
+        let reference = Reference::with_tag(
+            repo.registry.clone(),
+            repo.repository.clone(),
+            "latest".to_owned(),
+        );
+        let token = client
+            .auth(&reference, &auth, RegistryOperation::Pull)
+            .await
+            .map_err(|e| map_error(e, repo, "tag list"))?;
+        let unavailable = |detail: String| RegistryError::Unavailable {
+            reference: repo.reference.clone(),
+            registry: repo.registry.clone(),
+            detail,
+        };
+        let invalid = |detail: String| RegistryError::Invalid {
+            reference: repo.reference.clone(),
+            what: "tag list",
+            detail,
+        };
+        let scheme = match self.plain_http(&repo.registry).await {
+            true => "http",
+            false => "https",
+        };
+        let base = format!(
+            "{scheme}://{}/v2/{}/tags/list?n={TAGS_PAGE}",
+            reference.resolve_registry(),
+            reference.repository(),
+        );
+        let http = self
+            .http()
+            .map_err(|e| unavailable(format!("cannot set up the HTTP client: {e}")))?;
+        let mut tags: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut last: Option<String> = None;
+        loop {
+            let url = match &last {
+                Some(last) => format!("{base}&last={last}"),
+                None => base.clone(),
+            };
+            let mut request = http.get(&url);
+            request = match (&token, &auth) {
+                (Some(token), _) => request.bearer_auth(token),
+                (None, RegistryAuth::Basic(user, password)) => {
+                    request.basic_auth(user, Some(password))
+                }
+                (None, _) => request,
+            };
+            let mut response = request.send().await.map_err(|e| {
+                unavailable(format!("GET tag list failed: {}", chain(&e.without_url())))
+            })?;
+            let status = response.status();
+            let ok = status == reqwest::StatusCode::OK;
+            let cap = match ok {
+                true => MAX_METADATA_BYTES,
+                false => 64 << 10,
+            };
+            let mut bytes = Vec::new();
+            let mut complete = true;
+            while let Some(chunk) = response.chunk().await.map_err(|e| {
+                unavailable(format!(
+                    "download of the tag list failed: {}",
+                    chain(&e.without_url())
+                ))
+            })? {
+                if (bytes.len() + chunk.len()) as u64 > cap {
+                    complete = false;
+                    break;
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            if !ok {
+                return Err(map_error(
+                    response_error(status, &bytes, &url),
+                    repo,
+                    "tag list",
+                ));
+            }
+            if !complete {
+                return Err(RegistryError::TooLarge {
+                    reference: repo.reference.clone(),
+                    what: "tag list",
+                    digest: format!("page {}", tags.len() / TAGS_PAGE + 1),
+                    limit: MAX_METADATA_BYTES,
+                });
+            }
+            #[derive(serde::Deserialize)]
+            struct TagList {
+                tags: Option<Vec<String>>,
+            }
+            let page: TagList = serde_json::from_slice(&bytes)
+                .map_err(|e| invalid(format!("not a tag list: {e}")))?;
+            let page = page.tags.unwrap_or_default();
+            // A registry that ignores `n` sends everything at once; one that
+            // ignores `last` sends the same page again.
+            let more = page.len() == TAGS_PAGE;
+            let mut new = 0;
+            for tag in page {
+                if is_tag(&tag) && seen.insert(tag.clone()) {
+                    last = Some(tag.clone());
+                    tags.push(tag);
+                    new += 1;
+                }
+            }
+            if !more || new == 0 || tags.len() >= MAX_TAGS {
+                tags.truncate(MAX_TAGS);
+                return Ok(tags);
+            }
+        }
     }
 
     /// The HTTP client of manifest requests: the timeouts and extra roots of

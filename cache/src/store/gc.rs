@@ -543,7 +543,9 @@ mod tests {
     const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
     fn layer(name: &str, size: usize) -> Vec<u8> {
-        let data: Vec<u8> = (0..size).map(|i| (i * 31 % 251) as u8).collect();
+        let data: Vec<u8> = (0..size)
+            .map(|i| u8::try_from(i * 31 % 251).expect("below 251"))
+            .collect();
         let path = format!("{name}.bin");
         TarBuilder::new()
             .add(Member::File(path.as_bytes(), &data, 0o644))

@@ -778,3 +778,151 @@ async fn pull_progress_reports_every_layer_to_its_end() {
         assert_eq!(unpacks, 1, "{digest}: unpacked once");
     }
 }
+
+/// How [`tag_registry`] answers `GET /v2/<repo>/tags/list`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TagLister {
+    /// Pages of `n` after `last`, as the distribution spec says.
+    Paged,
+    /// Every tag at once, whatever `n` says.
+    All,
+    /// The first page again, whatever `last` says.
+    Stuck,
+    /// A body larger than any tag list.
+    Huge,
+}
+
+/// A registry at 127.0.0.1 that lists `tags` of repository `fns/tagged`
+/// (404 for any other) as `mode` says; counts the requests.
+async fn tag_registry(
+    tags: Vec<String>,
+    mode: TagLister,
+    requests: Arc<std::sync::atomic::AtomicUsize>,
+) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let tags = Arc::new(tags);
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let (tags, requests) = (tags.clone(), requests.clone());
+            tokio::spawn(async move {
+                let mut conn = BufReader::new(conn);
+                let Some(head) = read_head(&mut conn).await else {
+                    return;
+                };
+                let target = head[0].split(' ').nth(1).unwrap_or("").to_owned();
+                let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+                let param = |key: &str| {
+                    query
+                        .split('&')
+                        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                        .map(str::to_owned)
+                };
+                let (status, body) = if path == "/v2/" {
+                    ("200 OK", "{}".to_owned())
+                } else if path == "/v2/fns/tagged/tags/list" {
+                    requests.fetch_add(1, Ordering::SeqCst);
+                    let n: usize = param("n")
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(usize::MAX);
+                    let after = param("last");
+                    let page: Vec<&String> = match mode {
+                        TagLister::All => tags.iter().collect(),
+                        TagLister::Stuck => tags.iter().take(n).collect(),
+                        TagLister::Paged | TagLister::Huge => tags
+                            .iter()
+                            .skip_while(|t| after.as_ref().is_some_and(|a| *t <= a))
+                            .take(n)
+                            .collect(),
+                    };
+                    let json = serde_json::json!({"name": "fns/tagged", "tags": page}).to_string();
+                    let json = match mode {
+                        TagLister::Huge => format!("{json}{}", " ".repeat(5 << 20)),
+                        _ => json,
+                    };
+                    ("200 OK", json)
+                } else {
+                    (
+                        "404 Not Found",
+                        r#"{"errors":[{"code":"NAME_UNKNOWN","message":"repository name not known to registry"}]}"#
+                            .to_owned(),
+                    )
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nDocker-Distribution-Api-Version: registry/2.0\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let mut conn = conn.into_inner();
+                let _ = conn.write_all(resp.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn tags_are_listed_page_by_page_and_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = cache_at(tmp.path());
+    // Sorted as a registry lists them; names that are not tags are dropped.
+    let mut tags: Vec<String> = (0..2500).map(|i| format!("v1.{i:04}.0")).collect();
+    tags.push("latest".to_owned());
+    tags.push("-not-a-tag".to_owned());
+    tags.sort();
+    let want: Vec<String> = tags
+        .iter()
+        .filter(|t| *t != "-not-a-tag")
+        .cloned()
+        .collect();
+    for mode in [TagLister::Paged, TagLister::All, TagLister::Stuck] {
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let addr = tag_registry(tags.clone(), mode, requests.clone()).await;
+        // The tag and digest of the reference do not matter.
+        let reference = cache
+            .parse_reference(&format!("{addr}/fns/tagged:v9@sha256:{}", "a".repeat(64)))
+            .unwrap();
+        let listed = cache
+            .list_tags(&reference, &Credentials::Anonymous)
+            .await
+            .unwrap();
+        match mode {
+            TagLister::Paged => {
+                assert!(listed == want, "{} tags listed", listed.len());
+                assert_eq!(requests.load(Ordering::SeqCst), 3);
+            }
+            TagLister::All => {
+                assert!(listed == want, "{} tags listed", listed.len());
+                assert_eq!(requests.load(Ordering::SeqCst), 1);
+            }
+            // The same page again ends the listing.
+            _ => {
+                assert_eq!(listed.len(), 999);
+                assert_eq!(requests.load(Ordering::SeqCst), 2);
+            }
+        }
+    }
+    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let addr = tag_registry(tags.clone(), TagLister::Huge, requests).await;
+    let reference = cache
+        .parse_reference(&format!("{addr}/fns/tagged"))
+        .unwrap();
+    let err = cache
+        .list_tags(&reference, &Credentials::Anonymous)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("larger than"), "{err}");
+    let reference = cache.parse_reference(&format!("{addr}/fns/other")).unwrap();
+    let err = cache
+        .list_tags(&reference, &Credentials::Anonymous)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let layout = cache.parse_reference("oci:/some/layout:v1").unwrap();
+    let err = cache
+        .list_tags(&layout, &Credentials::Anonymous)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidReference, "{err}");
+    assert!(err.to_string().contains("not a registry image"), "{err}");
+}

@@ -144,11 +144,11 @@ impl LayerTree {
             } => {
                 let overflow = 65534u32.min(size.saturating_sub(1));
                 let map = |base: u32, id: u64| {
-                    let off = if id < u64::from(size) {
-                        id as u32
-                    } else {
-                        overflow
-                    };
+                    // Below `size`, a u32: ids past the range map to the overflow id.
+                    let off = u32::try_from(id)
+                        .ok()
+                        .filter(|&id| id < size)
+                        .unwrap_or(overflow);
                     base.saturating_add(off)
                 };
                 Some((

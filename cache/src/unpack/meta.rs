@@ -52,7 +52,7 @@ pub(super) fn parse(header: &tar::Header, ext: Extensions) -> Result<Meta, Fail>
         mode: header.mode().unwrap_or(0),
         uid: header.uid().unwrap_or(0),
         gid: header.gid().unwrap_or(0),
-        mtime: header.mtime().unwrap_or(0).min(i64::MAX as u64) as i64,
+        mtime: i64::try_from(header.mtime().unwrap_or(0)).unwrap_or(i64::MAX),
         xattrs: false,
     };
     if let Some(pax) = ext.pax {

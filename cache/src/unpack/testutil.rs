@@ -206,5 +206,5 @@ pub(crate) fn read_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     // SAFETY: both strings are NUL-terminated CStrings alive for the call and `buf` is
     // a writable buffer of the length passed.
     let rc = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (rc >= 0).then(|| buf[..rc as usize].to_vec())
+    usize::try_from(rc).ok().map(|n| buf[..n].to_vec())
 }

@@ -429,7 +429,9 @@ impl RawFunction {
         }
         let max_concurrency = match self.max_concurrency {
             None => DEFAULT_MAX_CONCURRENCY,
-            Some(n) if (1..=MAX_CONCURRENCY as u64).contains(&n) => n as usize,
+            Some(n) if (1..=MAX_CONCURRENCY as u64).contains(&n) => {
+                usize::try_from(n).unwrap_or(MAX_CONCURRENCY)
+            }
             Some(n) => {
                 return Err((
                     "maxConcurrency",

@@ -294,13 +294,17 @@ mod pkcs8 {
 
     /// A DER length.
     fn push_len(out: &mut Vec<u8>, len: usize) {
-        if len < 0x80 {
-            out.push(len as u8);
+        if let Ok(short) = u8::try_from(len)
+            && short < 0x80
+        {
+            out.push(short);
             return;
         }
         let bytes = len.to_be_bytes();
         let skip = bytes.iter().take_while(|b| **b == 0).count();
-        out.push(0x80 | (bytes.len() - skip) as u8);
+        // At most 8 length bytes: 0x81 to 0x88.
+        let count = u8::try_from(bytes.len() - skip).expect("a usize has at most 8 bytes");
+        out.push(0x80 | count);
         out.extend_from_slice(&bytes[skip..]);
     }
 

@@ -339,7 +339,7 @@ impl Function {
                     function = self.def.name,
                     instance = instance.id,
                     pid = instance.pid(),
-                    ready_ms = took.as_millis() as u64,
+                    ready_ms = super::millis(took),
                     "function server ready"
                 );
                 self.lock().state = State::Running(instance.clone());
@@ -422,7 +422,7 @@ impl Function {
                                 function = self.def.name,
                                 instance = id,
                                 pid,
-                                ran_ms = exit.elapsed.as_millis() as u64,
+                                ran_ms = super::millis(exit.elapsed),
                                 "function server stopped"
                             ),
                             Err(_) => tracing::warn!(

@@ -125,14 +125,16 @@ impl Instance {
             .map_err(failed)?;
         let mut args = vec![INSECURE_ARG.to_owned()];
         args.extend(def.args.iter().cloned());
+        let env: Vec<String> = def.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let options = SpecOptions {
             extra_args: &args,
-            extra_env: &def.env,
+            extra_env: &env,
             network: def.network,
             limits: def.limits,
+            ..SpecOptions::default()
         };
         let spec = image_spec::run_spec(&image, &runner.sandbox().config().id_map, &options)
-            .map_err(|e| failed(e.into()))?;
+            .map_err(failed)?;
         let started = Instant::now();
         let service = runner
             .sandbox()
@@ -146,12 +148,12 @@ impl Instance {
             instance = id,
             digest = image.digest,
             pid = service.pid(),
-            image_us = (started - fetch).as_micros() as u64,
-            spawn_us = spawned.as_micros() as u64,
-            listening_us = ready.listening.as_micros() as u64,
-            ready_us = started.elapsed().as_micros() as u64,
+            image_us = super::micros(started - fetch),
+            spawn_us = super::micros(spawned),
+            listening_us = super::micros(ready.listening),
+            ready_us = super::micros(started.elapsed()),
             polls = ready.polls,
-            connecting_us = ready.connecting.as_micros() as u64,
+            connecting_us = super::micros(ready.connecting),
             "function server started"
         );
         Ok((

@@ -54,6 +54,16 @@ pub use self::metrics::FunctionMetrics;
 use self::routing::{Route, function_name};
 use crate::runner::Runner;
 
+/// `d` in whole milliseconds, for logs.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `d` in whole microseconds, for logs.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// What every function of a host shares.
 pub struct Context {
     pub runner: Arc<Runner>,

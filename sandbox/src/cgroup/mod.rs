@@ -380,7 +380,7 @@ fn keyed(text: &str, key: &str) -> Option<u64> {
 /// process: one of its threads is in a pooled v1 cgroup while it clones a
 /// run's init there, and would be listed if a kill raced that.
 fn kill_pids(pids: &[libc::pid_t]) {
-    let me = std::process::id() as libc::pid_t;
+    let me = libc::pid_t::try_from(std::process::id()).expect("pids are below pid_max (2^22)");
     for &pid in pids.iter().filter(|&&p| p != me) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),

@@ -29,6 +29,16 @@ pub(crate) fn check(ret: libc::c_long) -> SysResult<libc::c_long> {
     if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
 }
 
+/// A byte count a call returned (never negative once checked).
+pub(crate) fn to_len(ret: libc::c_long) -> SysResult<usize> {
+    usize::try_from(ret).map_err(|_| Errno::EOVERFLOW)
+}
+
+/// A descriptor or pid a call returned (they fit in an int).
+pub(crate) fn to_int(ret: libc::c_long) -> SysResult<libc::c_int> {
+    libc::c_int::try_from(ret).map_err(|_| Errno::EOVERFLOW)
+}
+
 pub(crate) fn check_int(ret: libc::c_int) -> SysResult<libc::c_int> {
     if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
 }
@@ -39,7 +49,7 @@ pub fn read(fd: RawFd, buf: &mut [u8]) -> SysResult<usize> {
         let ret = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
         match check(ret as libc::c_long) {
             Err(Errno::EINTR) => continue,
-            other => return other.map(|n| n as usize),
+            other => return other.and_then(to_len),
         }
     }
 }
@@ -51,7 +61,7 @@ pub fn write_all(fd: RawFd, mut buf: &[u8]) -> SysResult<()> {
         match check(ret as libc::c_long) {
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(e),
-            Ok(n) => buf = &buf[n as usize..],
+            Ok(n) => buf = &buf[to_len(n)?..],
         }
     }
     Ok(())

@@ -16,10 +16,11 @@ pub fn loopback_up() -> SysResult<()> {
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
+        *dst = libc::c_char::from_ne_bytes([*src]);
     }
     req.ifr_ifru.ifru_flags =
-        (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as libc::c_short;
+        libc::c_short::try_from(libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING)
+            .map_err(|_| Errno::EINVAL)?;
     // SAFETY: SIOCSIFFLAGS reads a valid ifreq.
     let ret = unsafe { libc::ioctl(sock, libc::SIOCSIFFLAGS, &req as *const libc::ifreq) };
     close(sock);
@@ -41,10 +42,14 @@ pub fn recv(sock: RawFd, buf: &mut [u8]) -> SysResult<usize> {
         let ret = unsafe { libc::recv(sock, buf.as_mut_ptr().cast(), buf.len(), 0) };
         match check(ret as libc::c_long) {
             Err(Errno::EINTR) => continue,
-            other => return other.map(|n| n as usize),
+            other => return other.and_then(super::to_len),
         }
     }
 }
+
+/// The size of one descriptor in a control message.
+const FD_BYTES: u32 = 4;
+const _: () = assert!(std::mem::size_of::<RawFd>() == FD_BYTES as usize);
 
 /// Sends `data` with descriptor `fd` attached (`SCM_RIGHTS`), or none when
 /// `fd` is negative. No allocation: the control message is on the stack.
@@ -65,8 +70,8 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> SysResult<()> {
         // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
         let (space, len) = unsafe {
             (
-                libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize,
-                libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize,
+                libc::CMSG_SPACE(FD_BYTES) as usize,
+                libc::CMSG_LEN(FD_BYTES) as usize,
             )
         };
         debug_assert!(space <= control.0.len());

@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use nix::errno::Errno;
 
-use super::{SysResult, check, check_int};
+use super::{SysResult, check, check_int, to_int};
 
 /// `clone_args` for clone3(2); declared here because libc does not have it on
 /// every architecture.
@@ -41,7 +41,7 @@ pub unsafe fn clone3(args: &mut CloneArgs) -> SysResult<libc::pid_t> {
             std::mem::size_of::<CloneArgs>(),
         )
     };
-    check(ret).map(|pid| pid as libc::pid_t)
+    check(ret).and_then(to_int)
 }
 
 /// fork(2) as a raw clone: no atfork handlers, no glibc bookkeeping.
@@ -73,7 +73,7 @@ pub fn pidfd_kill(pidfd: BorrowedFd<'_>) {
 /// pidfd_open(2) of `pid` (close-on-exec by default).
 pub fn pidfd_open(pid: libc::pid_t) -> SysResult<RawFd> {
     // SAFETY: integer arguments only.
-    check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) }).map(|fd| fd as RawFd)
+    check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) }).and_then(to_int)
 }
 
 /// glibc's fork(2), whose at-fork handlers leave malloc usable in the child
@@ -215,7 +215,7 @@ pub fn sigchld_fd() -> SysResult<RawFd> {
             libc::SFD_CLOEXEC | libc::SFD_NONBLOCK,
         )
     })
-    .map(|fd| fd as RawFd)
+    .and_then(to_int)
 }
 
 /// Waits until `a` or `b` is readable (or hung up); returns which.

@@ -15,7 +15,7 @@ const BUSYBOX: &str = "/bin/busybox";
 const TIMEOUT: Duration = Duration::from_secs(20);
 const APPLETS: &[&str] = &[
     "sh", "cat", "echo", "sleep", "id", "hostname", "ls", "wc", "head", "dd", "mount", "pwd",
-    "env", "touch", "test", "grep", "tr", "tail", "unshare", "stat", "cut", "mkdir", "nc",
+    "env", "touch", "test", "grep", "tr", "tail", "unshare", "stat", "cut", "mkdir", "nc", "chmod",
 ];
 
 /// A temp dir with a busybox layer in it, readable by the sandbox's mapped root.
@@ -147,6 +147,8 @@ impl Fixture {
             groups: vec![],
             network: Network::Isolated,
             limits: Limits::default(),
+            mounts: Vec::new(),
+            caller: None,
         }
     }
 
@@ -217,7 +219,9 @@ async fn echoes_stdin_of_any_size_without_deadlock() {
     let mut spec = fx.spec("");
     spec.argv = vec!["cat".into()];
     // Far beyond a pipe buffer in both directions.
-    let input: Vec<u8> = (0..8 << 20).map(|i| (i % 251) as u8).collect();
+    let input: Vec<u8> = (0..8 << 20)
+        .map(|i| u8::try_from(i % 251).expect("below 251"))
+        .collect();
     let out = fx.sandbox.run(&spec, &input, TIMEOUT).await.unwrap();
     assert_eq!(out.status, Status::Exited(0));
     assert_eq!(out.stdout.len(), input.len());
@@ -1109,7 +1113,8 @@ fn a_v1_cgroup_that_is_not_empty_after_its_run_is_removed_not_reused() {
         .arg("30")
         .spawn()
         .unwrap();
-    run.admit(stray.id() as libc::pid_t, false).unwrap();
+    run.admit(libc::pid_t::try_from(stray.id()).unwrap(), false)
+        .unwrap();
     run.remove().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(stray.wait().unwrap().signal(), Some(libc::SIGKILL));
@@ -1161,7 +1166,7 @@ fn proc_status(pid: i32, field: &str) -> Option<String> {
 /// `cmdline` (NUL-separated), found while it runs: the ancestor of that process
 /// whose parent is this process.
 async fn init_of(cmdline: &str) -> i32 {
-    let me = std::process::id() as i32;
+    let me = i32::try_from(std::process::id()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         let found = std::fs::read_dir("/proc")
@@ -1372,4 +1377,5 @@ async fn an_image_of_127_layers_runs() {
     }
 }
 
+mod mounts;
 mod service;

@@ -145,17 +145,18 @@ impl Encoder {
 /// An HPACK integer with an `n`-bit prefix (RFC 7541, 5.1).
 pub fn integer(out: &mut Vec<u8>, n: u8, mask: u8, mut value: usize) {
     let max = (1usize << n) - 1;
+    let byte = |v: usize| u8::try_from(v).expect("below the prefix or 128");
     if value < max {
-        out.push(mask | value as u8);
+        out.push(mask | byte(value));
         return;
     }
-    out.push(mask | max as u8);
+    out.push(mask | byte(max));
     value -= max;
     while value >= 128 {
-        out.push((value % 128) as u8 | 0x80);
+        out.push(byte(value % 128) | 0x80);
         value /= 128;
     }
-    out.push(value as u8);
+    out.push(byte(value));
 }
 
 /// An HPACK string literal, Huffman-coded if asked and known.
@@ -181,7 +182,8 @@ pub fn preface() -> Vec<u8> {
 
 /// One frame.
 pub fn frame(out: &mut Vec<u8>, frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) {
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+    let len = u32::try_from(payload.len()).expect("a frame payload is under 16 MiB");
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
     out.push(frame_type);
     out.push(flags);
     out.extend_from_slice(&stream_id.to_be_bytes());

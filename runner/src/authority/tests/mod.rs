@@ -145,7 +145,8 @@ fn the_rfc_7541_requests_go_through_with_huffman_and_the_dynamic_table() {
             end_stream: true,
             ..Framing::default()
         };
-        headers(&mut input, 1 + 2 * i as u32, block, &framing);
+        let stream = 1 + 2 * u32::try_from(i).expect("a few streams");
+        headers(&mut input, stream, block, &framing);
     }
     let outcome = serve(vec![rewrite(&input)]);
     assert!(outcome.error.is_none(), "{:?}", outcome.error);
@@ -178,7 +179,8 @@ fn a_unix_path_or_name_becomes_localhost_also_from_the_dynamic_table() {
             for (i, path) in ["/a.S/M", "/a.S/M", "/b.S/N"].iter().enumerate() {
                 let fields = request_fields(Some(authority), path, &[("te", "trailers")], repr);
                 let block = encoder.block(None, &fields, false);
-                headers(&mut input, 1 + 2 * i as u32, &block, &framing);
+                let stream = 1 + 2 * u32::try_from(i).expect("a few streams");
+                headers(&mut input, stream, &block, &framing);
             }
             let out = rewrite(&input);
             let outcome = serve(vec![out]);

@@ -137,7 +137,7 @@ fn encode(requests: &[GenRequest]) -> Vec<u8> {
     let mut encoder = Encoder::new();
     let mut input = preface();
     for (i, request) in requests.iter().enumerate() {
-        let stream_id = 1 + 2 * i as u32;
+        let stream_id = 1 + 2 * u32::try_from(i).expect("a few streams");
         let mut fields = vec![
             (":method".to_owned(), "POST".to_owned(), Repr::Indexed),
             (":scheme".to_owned(), "http".to_owned(), Repr::Indexed),

@@ -210,7 +210,11 @@ fn errors_are_bounded_and_files_are_bounded() {
     assert!(e.len() < 2048, "{}", e.len());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("big.yaml");
-    std::fs::write(&file, vec![b' '; (MAX_FILE_BYTES + 1) as usize]).unwrap();
+    std::fs::write(
+        &file,
+        vec![b' '; usize::try_from(MAX_FILE_BYTES + 1).unwrap()],
+    )
+    .unwrap();
     let e = Catalogue::load(Some(&file), &[]).unwrap_err();
     assert!(matches!(e, CatalogueError::TooLarge { .. }), "{e}");
     let e = Catalogue::load(Some(&dir.path().join("missing.yaml")), &[]).unwrap_err();
