@@ -76,8 +76,8 @@ struct Inner {
     retired: bool,
     /// Failed starts and crashes in a row.
     failures: u32,
-    retry_at: Option<Instant>,
-    last_failure: Option<Arc<HostError>>,
+    /// After repeated failures: no start before this, and the last failure.
+    retry: Option<(Instant, Arc<HostError>)>,
 }
 
 pub struct Function {
@@ -122,8 +122,7 @@ impl Function {
                 last_call_end: Instant::now(),
                 retired: false,
                 failures: 0,
-                retry_at: None,
-                last_failure: None,
+                retry: None,
             }),
             changed: Notify::new(),
         })
@@ -281,17 +280,14 @@ impl Function {
                 State::Running(instance) => return Ok(instance.clone()),
                 State::Starting(wait) => wait.clone(),
                 State::Stopped => {
-                    if let Some(at) = inner.retry_at {
+                    if let Some((at, last)) = &inner.retry {
                         let now = Instant::now();
-                        if now < at {
+                        if now < *at {
                             return Err(HostError::BackingOff {
                                 function: self.def.name.clone(),
                                 failures: inner.failures,
-                                retry_in: at - now,
-                                last: inner
-                                    .last_failure
-                                    .clone()
-                                    .unwrap_or_else(|| Arc::new(HostError::ShuttingDown)),
+                                retry_in: *at - now,
+                                last: last.clone(),
                             });
                         }
                     }
@@ -375,8 +371,7 @@ impl Function {
     /// Counts a failure and sets when the next start may be.
     fn failed(&self, inner: &mut Inner, error: Arc<HostError>) {
         inner.failures += 1;
-        inner.retry_at = backoff(inner.failures).map(|d| Instant::now() + d);
-        inner.last_failure = Some(error);
+        inner.retry = backoff(inner.failures).map(|d| (Instant::now() + d, error));
     }
 
     /// Watches one instance until it ends or is stopped.
