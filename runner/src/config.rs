@@ -41,6 +41,8 @@ pub enum Command {
     Pull(PullArgs),
     /// Manage the image cache: list, prune, verify.
     Cache(crate::cache_cmd::CacheCmdArgs),
+    /// Serve or call one Crossplane v1 function (a Function package).
+    Function(crate::function_cmd::FunctionArgs),
 }
 
 /// Flags for the image cache and registries.
@@ -143,6 +145,8 @@ pub struct ServeArgs {
     pub cache: CacheArgs,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub functions: crate::host::args::FunctionsArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -207,11 +211,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     fnrun_api::quantity::parse_memory(s).map_err(|e| e.to_string())
 }
 
-fn parse_cpu(s: &str) -> Result<u64, String> {
+pub fn parse_cpu(s: &str) -> Result<u64, String> {
     fnrun_api::quantity::parse_cpu_millis(s).map_err(|e| e.to_string())
 }
 
-fn parse_mode(s: &str) -> Result<u32, String> {
+pub fn parse_mode(s: &str) -> Result<u32, String> {
     let mode = u32::from_str_radix(s.trim_start_matches("0o"), 8)
         .map_err(|_| format!("{s:?} is not an octal mode"))?;
     if mode & 0o002 != 0 {

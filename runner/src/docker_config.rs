@@ -130,15 +130,59 @@ pub fn credentials_for_image(cache: &Cache, image: &str) -> Result<Credentials, 
         path: std::env::var_os("PATH"),
         timeout: HELPER_TIMEOUT,
     };
-    credentials_from_file(&path, &registry, &helpers)
+    credentials_from_file(&path, &registry, Some(&helpers))
+}
+
+/// Credentials for `image` from the docker config file at `path` (`auths`,
+/// `credHelpers`, `credsStore`); a missing file is an error.
+pub fn credentials_from_docker_config(
+    cache: &Cache,
+    image: &str,
+    path: &Path,
+) -> Result<Credentials, DockerConfigError> {
+    let helpers = Helpers {
+        path: std::env::var_os("PATH"),
+        timeout: HELPER_TIMEOUT,
+    };
+    credentials_from_named_file(cache, image, path, Some(&helpers))
+}
+
+/// Credentials for `image` from the `.dockerconfigjson` of a
+/// `kubernetes.io/dockerconfigjson` Secret at `path`: its `auths` only, as the
+/// kubelet reads a pull secret (no credential helper is run); a missing file
+/// is an error.
+pub fn credentials_from_pull_secret(
+    cache: &Cache,
+    image: &str,
+    path: &Path,
+) -> Result<Credentials, DockerConfigError> {
+    credentials_from_named_file(cache, image, path, None)
+}
+
+fn credentials_from_named_file(
+    cache: &Cache,
+    image: &str,
+    path: &Path,
+    helpers: Option<&Helpers>,
+) -> Result<Credentials, DockerConfigError> {
+    let Ok(ImageRef::Registry { registry, .. }) = cache.parse_reference(image) else {
+        return Ok(Credentials::Anonymous);
+    };
+    if let Err(err) = std::fs::metadata(path) {
+        return Err(DockerConfigError::Read {
+            path: path.to_owned(),
+            err,
+        });
+    }
+    credentials_from_file(path, &registry, helpers)
 }
 
 /// Credentials for `registry` (`host[:port]`) from the config file at `path`, running
-/// a credential helper if the file says so.
+/// a credential helper if the file says so; with no `helpers`, from `auths` only.
 fn credentials_from_file(
     path: &Path,
     registry: &str,
-    helpers: &Helpers,
+    helpers: Option<&Helpers>,
 ) -> Result<Credentials, DockerConfigError> {
     use std::io::Read;
     let read = |err| DockerConfigError::Read {
@@ -167,17 +211,25 @@ fn credentials_from_file(
         path: path.to_owned(),
         err,
     })?;
-    let found = lookup(&json, registry).map_err(|err| DockerConfigError::Setting {
+    let found = match helpers {
+        Some(_) => lookup(&json, registry),
+        None => lookup_auths(&json, registry).map(Lookup::Found),
+    }
+    .map_err(|err| DockerConfigError::Setting {
         path: path.to_owned(),
         err,
     })?;
-    match found {
-        Lookup::Found(creds) => Ok(creds),
-        Lookup::Helper {
-            helper,
-            server,
-            origin,
-        } => credential_helper::get(&helper, &server, helpers.path.as_deref(), helpers.timeout)
+    match (found, helpers) {
+        (Lookup::Found(creds), _) => Ok(creds),
+        (Lookup::Helper { .. }, None) => Ok(Credentials::Anonymous),
+        (
+            Lookup::Helper {
+                helper,
+                server,
+                origin,
+            },
+            Some(helpers),
+        ) => credential_helper::get(&helper, &server, helpers.path.as_deref(), helpers.timeout)
             .map_err(|err| DockerConfigError::Helper {
                 path: path.to_owned(),
                 origin,
@@ -236,6 +288,17 @@ fn object<'a>(
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(map)) => Ok(Some(map)),
         Some(_) => Err(SettingError::NotAnObject(name)),
+    }
+}
+
+/// The credentials of the `auths` entry for `registry` (anonymous without one).
+fn lookup_auths(json: &Value, registry: &str) -> Result<Credentials, SettingError> {
+    match object(json, "auths")?.and_then(|auths| find_entry(auths, registry)) {
+        Some((key, entry)) => entry_credentials(entry).map_err(|err| SettingError::Entry {
+            key: key.to_owned(),
+            err,
+        }),
+        None => Ok(Credentials::Anonymous),
     }
 }
 
@@ -476,24 +539,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.json");
         std::fs::write(&path, r#"{"auths": {"r.example": {"auth": "s3cret"#).unwrap();
-        let err = credentials_from_file(&path, "r.example", &no_helpers())
+        let err = credentials_from_file(&path, "r.example", Some(&no_helpers()))
             .unwrap_err()
             .to_string();
         assert!(!err.contains("s3cret"), "{err}");
         std::fs::write(&path, r#"{"auths": {"r.example": {"auth": s3cret}}}"#).unwrap();
-        let err = credentials_from_file(&path, "r.example", &no_helpers())
+        let err = credentials_from_file(&path, "r.example", Some(&no_helpers()))
             .unwrap_err()
             .to_string();
         assert!(!err.contains("s3cret"), "{err}");
         // A missing or empty file is no credentials.
         std::fs::write(&path, "\n").unwrap();
         assert_eq!(
-            credentials_from_file(&path, "r.example", &no_helpers()).unwrap(),
+            credentials_from_file(&path, "r.example", Some(&no_helpers())).unwrap(),
             Credentials::Anonymous
         );
         assert_eq!(
-            credentials_from_file(&dir.path().join("none.json"), "r.example", &no_helpers())
-                .unwrap(),
+            credentials_from_file(
+                &dir.path().join("none.json"),
+                "r.example",
+                Some(&no_helpers())
+            )
+            .unwrap(),
             Credentials::Anonymous
         );
         std::fs::write(
@@ -502,7 +569,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            credentials_from_file(&path, "r.example", &no_helpers()).unwrap(),
+            credentials_from_file(&path, "r.example", Some(&no_helpers())).unwrap(),
             basic("u", "p")
         );
     }
@@ -588,6 +655,36 @@ mod tests {
     }
 
     #[test]
+    fn a_pull_secret_gives_its_auths_and_runs_no_helper() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(".dockerconfigjson");
+        let auths = json!({"r.example:5000": {"auth": b64("secret-user:s3cret")}});
+        std::fs::write(
+            &path,
+            json!({"auths": auths, "credsStore": "would-run", "credHelpers": {"r.example:5000": "x"}})
+                .to_string(),
+        )
+        .unwrap();
+        assert_eq!(
+            credentials_from_file(&path, "r.example:5000", None).unwrap(),
+            basic("secret-user", "s3cret")
+        );
+        assert_eq!(
+            credentials_from_file(&path, "other.example", None).unwrap(),
+            Credentials::Anonymous
+        );
+        std::fs::write(
+            &path,
+            json!({"auths": {"r.example:5000": {"auth": "%"}}}).to_string(),
+        )
+        .unwrap();
+        let err = credentials_from_file(&path, "r.example:5000", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not base64"), "{err}");
+    }
+
+    #[test]
     fn helpers_are_run_for_the_registry() {
         use crate::credential_helper::tests::install;
         let dir = tempfile::tempdir().unwrap();
@@ -614,19 +711,19 @@ echo '{"ServerURL":"r.example:5000","Username":"helper-user","Secret":"helper-s3
 
         write(json!({"auths": auths, "credHelpers": {"r.example:5000": "test"}}));
         assert_eq!(
-            credentials_from_file(&path, "r.example:5000", &helpers).unwrap(),
+            credentials_from_file(&path, "r.example:5000", Some(&helpers)).unwrap(),
             basic("helper-user", "helper-s3cret")
         );
         // A store without credentials for the registry: anonymous, as docker does, even
         // with credentials in auths.
         write(json!({"auths": auths, "credsStore": "empty"}));
         assert_eq!(
-            credentials_from_file(&path, "r.example:5000", &helpers).unwrap(),
+            credentials_from_file(&path, "r.example:5000", Some(&helpers)).unwrap(),
             Credentials::Anonymous
         );
         // A missing helper is an error naming it and the setting.
         write(json!({"auths": auths, "credsStore": "gone"}));
-        let err = credentials_from_file(&path, "r.example:5000", &helpers)
+        let err = credentials_from_file(&path, "r.example:5000", Some(&helpers))
             .unwrap_err()
             .to_string();
         assert!(

@@ -106,6 +106,9 @@ pub enum RunError {
         error: OutputError,
         stderr: String,
     },
+    /// A call to a Crossplane function of the function host.
+    #[error(transparent)]
+    Host(#[from] crate::host::HostError),
     /// A KRM function exited non-zero; what it returned, if it was a
     /// ResourceList, is kept: its results say why (kpt and Porch show them).
     #[error("function exited with code {code}{}{}", results_suffix(.returned), stderr_suffix(.stderr))]
@@ -229,6 +232,7 @@ impl RunError {
             | RunError::InvalidOutput { .. } => Class::Aborted,
             RunError::TimedOut { .. } => Class::DeadlineExceeded,
             RunError::OutOfMemory { .. } => Class::ResourceExhausted,
+            RunError::Host(e) => e.class(),
         }
     }
 
@@ -253,6 +257,7 @@ impl RunError {
             RunError::OutOfMemory { .. } => "out_of_memory",
             RunError::OutputTooLarge { .. } => "output_too_large",
             RunError::InvalidOutput { .. } => "invalid_output",
+            RunError::Host(e) => e.outcome(),
         }
     }
 }

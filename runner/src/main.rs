@@ -8,6 +8,9 @@ mod credential_helper;
 mod docker_config;
 mod error;
 mod evaluator;
+mod function_cmd;
+mod host;
+mod image_spec;
 mod krm;
 mod listen;
 mod metrics;
@@ -42,8 +45,8 @@ pub const VERSION: &str = concat!(
 );
 
 /// Exit codes of `fnrun run` (SPEC.md).
-const EXIT_FAILED: u8 = 1;
-const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_FAILED: u8 = 1;
+pub(crate) const EXIT_USAGE: u8 = 2;
 const EXIT_TIMEOUT: u8 = 124;
 
 fn main() -> ExitCode {
@@ -57,8 +60,13 @@ fn main() -> ExitCode {
     // rustls uses ring, the only crypto provider linked; install it before any
     // TLS (registries, TCP listeners) is set up.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let default_level = match cli.command {
+    let default_level = match &cli.command {
         Command::Serve(_) => "info",
+        Command::Function(f) => match f.command {
+            function_cmd::FunctionCommand::Serve(_) => "info",
+            // `call` prints the response and, on failure, one error line.
+            function_cmd::FunctionCommand::Call(_) => "off",
+        },
         // `run` prints the output FunctionIO and, on failure, one error line.
         Command::Run(_) | Command::Pull(_) | Command::Cache(_) => "off",
     };
@@ -76,6 +84,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Pull(args) => pull(args),
         Command::Cache(args) => cache_cmd::main(args),
+        Command::Function(args) => function_cmd::main(args),
     }
 }
 
@@ -168,7 +177,7 @@ fn run(args: RunArgs) -> ExitCode {
 }
 
 /// The exit code for each failure class.
-fn exit_code(class: Class) -> u8 {
+pub(crate) fn exit_code(class: Class) -> u8 {
     match class {
         Class::InvalidArgument => EXIT_USAGE,
         Class::DeadlineExceeded => EXIT_TIMEOUT,

@@ -47,7 +47,7 @@ impl Histogram {
             .fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Relaxed);
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cumulative = 0;
         for (b, n) in BUCKETS.iter().zip(&self.buckets) {
@@ -74,6 +74,8 @@ pub struct Metrics {
     pub cache_misses: AtomicU64,
     pub in_flight: AtomicI64,
     pub queued: AtomicI64,
+    /// The function host's (Crossplane v1 functions).
+    pub functions: crate::host::FunctionMetrics,
 }
 
 impl Metrics {
@@ -163,6 +165,7 @@ impl Metrics {
             "Calls waiting for a run slot.",
             self.queued.load(Relaxed),
         );
+        self.functions.render(&mut out);
         out
     }
 }

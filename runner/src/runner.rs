@@ -15,15 +15,17 @@ use std::time::{Duration, Instant};
 
 use fnrun_api::resourcelist::{self, ResourceList};
 use fnrun_api::{functionio, text};
-use fnrun_cache::{Cache, Credentials, ErrorKind, GetOptions, Got, Image, ImageRef, PullPolicy};
-use fnrun_sandbox::{BindMount, HostUser, IdMap, Limits, Network, RunSpec, Sandbox, Status};
+use fnrun_cache::{
+    Cache, Credentials, ErrorKind, GetOptions, Got, Image, ImageRef, Lease, PullPolicy,
+};
+use fnrun_sandbox::{BindMount, HostUser, Limits, Network, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::error::{
     IMAGE_REF_MAX, LINE_MAX, OutputError, RequestError, Returned, RunError, bounded,
 };
+use crate::image_spec::{self, SpecOptions};
 use crate::metrics::Metrics;
-use crate::user;
 
 /// Default function timeout (SPEC.md).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);
@@ -62,6 +64,8 @@ pub struct RunRequest {
     pub network: Network,
     pub memory_bytes: Option<u64>,
     pub cpu_millis: Option<u64>,
+    /// Processes and threads; `None`: the sandbox's default limit.
+    pub pids: Option<u64>,
     pub timeout: Duration,
     /// What the input and output are.
     pub format: Format,
@@ -85,6 +89,7 @@ impl RunRequest {
             network: Network::Isolated,
             memory_bytes: None,
             cpu_millis: None,
+            pids: None,
             timeout: DEFAULT_TIMEOUT,
             format: Format::FunctionIo,
             run_as: RunAs::Image,
@@ -237,6 +242,11 @@ impl Runner {
         &self.cache
     }
 
+    /// The cache, shared: for work off the runtime's threads.
+    pub fn cache_handle(&self) -> Arc<Cache> {
+        self.cache.clone()
+    }
+
     pub fn sandbox(&self) -> &Sandbox {
         &self.sandbox
     }
@@ -349,6 +359,44 @@ impl Runner {
         }
     }
 
+    /// Parses an image reference and checks it against `--allowed-registry`.
+    pub fn reference(&self, image: &str) -> Result<ImageRef, RunError> {
+        let reference = self.cache.parse_reference(image)?;
+        self.check_registry(&reference)?;
+        Ok(reference)
+    }
+
+    /// The image from the cache (pulled if the policy says so), leased against
+    /// pruning until the lease is dropped; counted in the pull and cache metrics.
+    pub async fn image(
+        &self,
+        reference: &ImageRef,
+        policy: PullPolicy,
+        credentials: Credentials,
+    ) -> Result<(Image, Option<Lease>), RunError> {
+        let pull_start = Instant::now();
+        let options = GetOptions::new(policy).credentials(credentials).leased();
+        match self.cache.get(reference, options).await {
+            Ok(Got { image, lease }) => {
+                if image.pulled {
+                    self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.pulls_ok.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.pull_duration.observe(pull_start.elapsed());
+                } else {
+                    self.metrics.cache_hits.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok((image, lease))
+            }
+            Err(e) => {
+                if !matches!(e.kind(), ErrorKind::NotCached | ErrorKind::InvalidReference) {
+                    self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.pulls_failed.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e.into())
+            }
+        }
+    }
+
     async fn run_inner(&self, req: RunRequest) -> Result<RunOutput, RunError> {
         // Everything about the request is checked before any work starts.
         match req.format {
@@ -362,74 +410,27 @@ impl Runner {
         if req.timeout.is_zero() {
             return Err(RequestError::ZeroTimeout.into());
         }
-        let reference = self.cache.parse_reference(&req.image)?;
-        self.check_registry(&reference)?;
+        let reference = self.reference(&req.image)?;
 
         let _slot = self.admit().await?;
         let _running = Gauge::enter(&self.metrics.in_flight);
 
-        let pull_start = Instant::now();
-        // The lease keeps the image's layers from being pruned until the run ends.
-        let options = GetOptions::new(req.pull_policy)
-            .credentials(req.credentials.clone())
-            .leased();
-        let (image, _lease) = match self.cache.get(&reference, options).await {
-            Ok(Got { image, lease }) => {
-                if image.pulled {
-                    self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
-                    self.metrics.pulls_ok.fetch_add(1, Ordering::Relaxed);
-                    self.metrics.pull_duration.observe(pull_start.elapsed());
-                } else {
-                    self.metrics.cache_hits.fetch_add(1, Ordering::Relaxed);
-                }
-                (image, lease)
-            }
-            Err(e) => {
-                if !matches!(e.kind(), ErrorKind::NotCached | ErrorKind::InvalidReference) {
-                    self.metrics.cache_misses.fetch_add(1, Ordering::Relaxed);
-                    self.metrics.pulls_failed.fetch_add(1, Ordering::Relaxed);
-                }
-                return Err(e.into());
-            }
-        };
-
-        let ids = self.ids(&image, req.run_as)?;
-        let mut argv = image.config.entrypoint.clone();
-        argv.extend(image.config.cmd.iter().cloned());
-        let mut env = image.config.env.clone();
-        if !env.iter().any(|e| e.starts_with("PATH=")) {
-            env.push(format!("PATH={}", fnrun_sandbox::DEFAULT_PATH));
-        }
-        if !env.iter().any(|e| e.starts_with("HOME=")) {
-            env.push(format!("HOME={}", ids.home));
-        }
-        for pair in &req.env {
-            let key = pair.split_once('=').map_or(pair.as_str(), |(k, _)| k);
-            env.retain(|e| e.split_once('=').map_or(e.as_str(), |(k, _)| k) != key);
-            env.push(pair.clone());
-        }
-        let workdir = if image.config.working_dir.is_empty() {
-            "/".to_owned()
-        } else {
-            image.config.working_dir.clone()
-        };
-        let spec = RunSpec {
-            layers: image.layers.clone(),
-            argv,
-            env,
-            workdir,
-            uid: ids.uid,
-            gid: ids.gid,
-            groups: ids.groups,
+        let (image, _lease) = self
+            .image(&reference, req.pull_policy, req.credentials.clone())
+            .await?;
+        let options = SpecOptions {
+            extra_args: &[],
+            extra_env: &req.env,
             network: req.network,
             limits: Limits {
                 memory_bytes: req.memory_bytes,
                 cpu_millis: req.cpu_millis,
-                pids: None,
+                pids: req.pids,
             },
-            mounts: req.mounts.clone(),
-            caller: ids.caller,
+            run_as: req.run_as,
+            mounts: &req.mounts,
         };
+        let spec = image_spec::run_spec(&image, &self.sandbox.config().id_map, &options)?;
         let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await?;
         let stderr = String::from_utf8_lossy(&outcome.stderr_tail).into_owned();
         match outcome.status {
@@ -494,64 +495,4 @@ impl Runner {
             cpu_time: outcome.cpu_time,
         })
     }
-
-    /// The ids and home the function of `image` runs with for `run_as`, on
-    /// this runner's id map. A rootless runner maps one id, its own, to 0:
-    /// every function runs as that (the image's `User` and `nobody` cannot
-    /// be, no other id exists), which is also the caller (`RunAs::Host`).
-    fn ids(&self, image: &Image, run_as: RunAs) -> Result<Ids, RunError> {
-        let id_map = self.sandbox.config().id_map;
-        let (uid, gid, groups, home, caller) = match run_as {
-            RunAs::Image => {
-                let u = user::for_image(image)?;
-                (u.uid, u.gid, u.groups, u.home, None)
-            }
-            RunAs::Nobody => {
-                let u = user::nobody(image)?;
-                (u.uid, u.gid, u.groups, u.home, None)
-            }
-            RunAs::Host(host) => {
-                let (uid, gid) = id_map
-                    .inside_ids(host)
-                    .map_err(|e| RunError::Sandbox(e.into()))?;
-                (uid, gid, Vec::new(), "/".to_owned(), Some(host))
-            }
-        };
-        match id_map {
-            IdMap::Range { .. } => Ok(Ids {
-                uid,
-                gid,
-                groups,
-                home,
-                caller,
-            }),
-            IdMap::Own { .. } => {
-                if uid != 0 || gid != 0 {
-                    tracing::debug!(
-                        image = image.reference,
-                        uid,
-                        gid,
-                        "rootless runner maps one id: running the function as 0:0"
-                    );
-                }
-                Ok(Ids {
-                    uid: 0,
-                    gid: 0,
-                    groups: Vec::new(),
-                    home,
-                    caller,
-                })
-            }
-        }
-    }
-}
-
-/// The ids a function runs with.
-struct Ids {
-    uid: u32,
-    gid: u32,
-    groups: Vec<u32>,
-    home: String,
-    /// The host user mapped into the run, if any.
-    caller: Option<HostUser>,
 }

@@ -93,9 +93,10 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
             args.prefetch.clone(),
         ));
     }
-    let service = ContainerizedFunctionRunnerServiceServer::new(FunctionRunnerService::new(runner))
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(128 << 20);
+    let service =
+        ContainerizedFunctionRunnerServiceServer::new(FunctionRunnerService::new(runner.clone()))
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(128 << 20);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<ContainerizedFunctionRunnerServiceServer<FunctionRunnerService>>()
@@ -135,6 +136,15 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         });
     }
 
+    // Crossplane v1 functions, when any is configured: their own listener.
+    let functions = crate::host::daemon::start(
+        &args.functions,
+        runner.clone(),
+        args.socket_mode,
+        stopped(shutdown_rx.clone()),
+    )
+    .await?;
+
     let signal = signals.first().await;
     tracing::info!(signal, "shutting down: draining in-flight runs");
     health_reporter
@@ -146,8 +156,17 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let _ = shutdown_tx.send(true);
     // In-flight runs get the grace period; then their tasks are aborted, which
     // drops their sandboxes and so kills them.
+    let functions_stopped = async {
+        if let Some(functions) = functions {
+            functions.stop(args.shutdown_grace).await;
+        }
+    };
     let drain = futures::future::join_all(servers.iter_mut());
-    match tokio::time::timeout(args.shutdown_grace, drain).await {
+    let (drained, ()) = tokio::join!(
+        tokio::time::timeout(args.shutdown_grace, drain),
+        functions_stopped
+    );
+    match drained {
         Ok(results) => {
             for result in results {
                 match result {

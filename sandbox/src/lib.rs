@@ -58,7 +58,7 @@ pub use crate::limits::{Enforcement, LimitSupport};
 pub use crate::mounts::{BindMount, MAX_MOUNTS, MountError, QuotedPath, RESERVED_TARGETS};
 pub use crate::overlay::OverlayMount;
 pub use crate::run::{Outcome, Status};
-pub use crate::service::{Service, ServiceExit};
+pub use crate::service::{ExitWatch, Service, ServiceExit};
 pub use crate::spec::{DEFAULT_PATH, Limits, Network, RunSpec};
 
 /// Serves as the sandbox's spawner process if this process was started as one

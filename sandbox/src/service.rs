@@ -148,17 +148,15 @@ impl Service {
 
     /// Resolves when the run has ended (and is cleaned up).
     pub async fn exited(&self) -> ServiceExit {
-        let mut exit = self.exit.clone();
-        match exit.wait_for(Option::is_some).await {
-            Ok(exit) => exit.clone().expect("waited for"),
-            // The monitor is gone without a word: only when the runtime
-            // shut down, and its guard killed the run.
-            Err(_) => ServiceExit {
-                status: Ok(Status::Signaled(libc::SIGKILL)),
-                stopped: true,
-                output_tail: self.tail.bytes(),
-                elapsed: Duration::ZERO,
-            },
+        self.exit_watch().exited().await
+    }
+
+    /// A handle on the run's end that outlives the `Service`: drop the
+    /// service (which stops the run) and still learn how and when it ended.
+    pub fn exit_watch(&self) -> ExitWatch {
+        ExitWatch {
+            exit: self.exit.clone(),
+            tail: self.tail.clone(),
         }
     }
 
@@ -215,6 +213,35 @@ impl Service {
             (0, Some(socket)) => Ok(socket),
             (0, None) => Err(gone()),
             (errno, _) => Err(std::io::Error::from_raw_os_error(errno)),
+        }
+    }
+}
+
+/// How a service run ended, once it has: see [`Service::exit_watch`].
+#[derive(Debug, Clone)]
+pub struct ExitWatch {
+    exit: watch::Receiver<Option<ServiceExit>>,
+    tail: Tail,
+}
+
+impl ExitWatch {
+    /// Its exit, if it has ended.
+    pub fn try_exit(&self) -> Option<ServiceExit> {
+        self.exit.borrow().clone()
+    }
+
+    /// Resolves when the run has ended (and is cleaned up).
+    pub async fn exited(mut self) -> ServiceExit {
+        match self.exit.wait_for(Option::is_some).await {
+            Ok(exit) => exit.clone().expect("waited for"),
+            // The monitor is gone without a word: only when the runtime
+            // shut down, and its guard killed the run.
+            Err(_) => ServiceExit {
+                status: Ok(Status::Signaled(libc::SIGKILL)),
+                stopped: true,
+                output_tail: self.tail.bytes(),
+                elapsed: Duration::ZERO,
+            },
         }
     }
 }

@@ -37,6 +37,7 @@ pub mod client;
 pub mod crossplane;
 pub mod daemon;
 pub mod fixtures;
+pub mod function_host;
 pub mod functionio;
 pub mod go;
 pub mod grpc_clients;

@@ -573,3 +573,153 @@ fn seccomp_profile_lets_an_unprivileged_runner_create_namespaces_under_runc() {
         "the profile was applied (filter mode):\n{log}"
     );
 }
+
+/// The Crossplane External function runtime (deploy/crossplane/): a
+/// Deployment in Crossplane's namespace serving every function of its
+/// ConfigMap over mTLS with certificates from `crossplane-root-ca`, and a
+/// Service per function selecting its pods.
+#[test]
+fn crossplane_function_runtime_serves_every_listed_function_over_mtls() {
+    let deployment = load("deploy/crossplane/deployment.yaml");
+    assert_eq!(deployment["kind"].as_str(), Some("Deployment"));
+    assert_eq!(
+        at(&deployment, "metadata.namespace").as_str(),
+        Some("crossplane-system")
+    );
+    let pod = at(&deployment, "spec.template.spec");
+    let pod_labels = at(&deployment, "spec.template.metadata.labels")
+        .as_mapping()
+        .expect("pod labels");
+    let c = container(&deployment, "fnrun");
+    let a = args(c);
+    assert_eq!(a[0], "serve");
+    let flag = |name: &str| {
+        a.iter()
+            .find_map(|arg| arg.strip_prefix(&format!("--{name}=")))
+            .unwrap_or_else(|| panic!("--{name} missing: {a:?}"))
+            .to_owned()
+    };
+    assert_eq!(flag("functions-listen"), "0.0.0.0:9443");
+    assert_eq!(flag("functions-namespace"), "crossplane-system");
+    assert!(!a.contains(&"--functions-insecure"), "{a:?}");
+    // The v1alpha1 runner is not on the network.
+    assert!(flag("listen").starts_with("unix:"), "{a:?}");
+    // Certificates minted from Crossplane's root CA, which also signs
+    // Crossplane's client certificate.
+    let ca_cert = flag("functions-ca-cert");
+    let ca_key = flag("functions-ca-key");
+    assert_eq!(flag("functions-client-ca"), ca_cert);
+    let mounted = |path: &str| -> String {
+        let mounts = c["volumeMounts"].as_sequence().expect("volumeMounts");
+        let mount = mounts
+            .iter()
+            .find(|m| {
+                let dir = m["mountPath"].as_str().unwrap_or_default();
+                path.starts_with(&format!("{dir}/"))
+            })
+            .unwrap_or_else(|| panic!("{path} is on no mount"));
+        mount["name"].as_str().expect("mount name").to_owned()
+    };
+    let volume = |name: &str| -> Value {
+        pod["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .find(|v| v["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("no volume {name}"))
+            .clone()
+    };
+    for path in [&ca_cert, &ca_key] {
+        assert_eq!(
+            volume(&mounted(path))["secret"]["secretName"].as_str(),
+            Some("crossplane-root-ca"),
+            "{path}"
+        );
+    }
+    for file in [&ca_cert, &ca_key] {
+        let key = file.rsplit('/').next().unwrap();
+        assert!(["tls.crt", "tls.key"].contains(&key), "{file}");
+    }
+    let functions_file = flag("functions");
+    let configmap = volume(&mounted(&functions_file));
+    let configmap_name = configmap["configMap"]["name"]
+        .as_str()
+        .expect("a ConfigMap");
+    for probe in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(
+            c[probe]["tcpSocket"]["port"].as_u64(),
+            Some(9443),
+            "{probe}"
+        );
+    }
+
+    // The ConfigMap's functions file, and a Service for each function.
+    let cm = load("deploy/crossplane/functions.yaml");
+    assert_eq!(cm["kind"].as_str(), Some("ConfigMap"));
+    assert_eq!(cm["metadata"]["name"].as_str(), Some(configmap_name));
+    let key = functions_file.rsplit('/').next().unwrap();
+    let text = cm["data"][key].as_str().expect("the functions file");
+    let doc: Value = serde_norway::from_str(text).expect("the functions file is YAML");
+    let names: Vec<&str> = doc["functions"]
+        .as_sequence()
+        .expect("functions")
+        .iter()
+        .map(|f| f["name"].as_str().expect("a name"))
+        .collect();
+    assert!(names.len() >= 3, "{names:?}");
+    let mut services = Vec::new();
+    yaml_files(&repo().join("deploy/crossplane/services"), &mut services);
+    let mut service_names = Vec::new();
+    for file in &services {
+        let svc: Value = serde_norway::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        assert_eq!(svc["kind"].as_str(), Some("Service"), "{}", file.display());
+        assert_eq!(
+            at(&svc, "metadata.namespace").as_str(),
+            Some("crossplane-system")
+        );
+        assert_eq!(at(&svc, "spec.ports.0.port").as_u64(), Some(9443));
+        assert_eq!(
+            at(&svc, "spec.ports.0.targetPort").as_str(),
+            Some("functions")
+        );
+        for (k, v) in at(&svc, "spec.selector").as_mapping().expect("a selector") {
+            assert_eq!(
+                pod_labels.get(k),
+                Some(v),
+                "{}: selector {k:?}",
+                file.display()
+            );
+        }
+        service_names.push(svc["metadata"]["name"].as_str().unwrap().to_owned());
+    }
+    service_names.sort();
+    let mut sorted: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    sorted.sort();
+    assert_eq!(
+        service_names, sorted,
+        "a Service per function, and no other"
+    );
+
+    // fnrun itself accepts the functions file as shipped.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("functions.yaml");
+    std::fs::write(&file, text).unwrap();
+    let daemon = fnrun_tests::daemon::Daemon::start(
+        fnrun_tests::daemon::DaemonOpts::default()
+            .arg("--functions")
+            .arg(file.display().to_string())
+            .arg("--functions-insecure")
+            .arg("--functions-listen")
+            .arg(format!(
+                "127.0.0.1:{}",
+                fnrun_tests::registry::free_port().unwrap()
+            )),
+    )
+    .expect("fnrun serve takes the shipped functions file");
+    let log = fnrun_tests::wait_for(std::time::Duration::from_secs(10), || {
+        let log = fnrun_tests::function_host::strip_ansi(&daemon.log());
+        log.contains("serving Crossplane functions").then_some(log)
+    })
+    .expect("the functions are served");
+    assert!(log.contains(&format!("functions={}", names.len())), "{log}");
+}

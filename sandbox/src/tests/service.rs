@@ -153,15 +153,17 @@ async fn dropping_a_service_stops_it_and_leaves_nothing() {
     let service = fx.sandbox.start_service(&echo_server(&fx, port)).unwrap();
     let init = service.pid();
     let stream = connect_when_ready(&service, port).await;
+    let watch = service.exit_watch();
+    assert!(watch.try_exit().is_none());
     drop(service);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(init) {
-        assert!(
-            Instant::now() < deadline,
-            "init {init} outlived its service"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // The watch outlives the service and sees its end, cleaned up.
+    let exit = tokio::time::timeout(Duration::from_secs(10), watch.clone().exited())
+        .await
+        .expect("the end of a dropped service is reported");
+    assert!(exit.stopped, "{exit:?}");
+    assert_eq!(exit.status.unwrap(), Status::Signaled(libc::SIGKILL));
+    assert!(watch.try_exit().is_some());
+    assert!(!alive(init), "init {init} outlived its service");
     // The open connection sees the end of its server.
     let mut line = String::new();
     let (read, _write) = stream.into_split();

@@ -1,0 +1,323 @@
+//! Server certificates of the functions listener, one per function:
+//!
+//! - minted by fnrun from a CA (`--functions-ca-cert`, `--functions-ca-key`)
+//!   as Crossplane's own runtime mints them from `crossplane-root-ca`:
+//!   SANs `NAME`, `NAME.NAMESPACE`, `NAME.NAMESPACE.svc`, extended key usage
+//!   server auth, an ECDSA P-256 key of its own, valid for a year and minted
+//!   again at every reload and once a day;
+//! - or read from `--functions-certs-dir DIR`: `DIR/NAME/tls.crt` and
+//!   `DIR/NAME/tls.key` (a `kubernetes.io/tls` Secret per function), read
+//!   again at every reload.
+//!
+//! A client that sends no server name is given a certificate for every
+//! function's names: minted, or `DIR/tls.crt` and `DIR/tls.key` if they
+//! exist (else its handshake is refused); its calls are routed by
+//! `:authority`.
+//!
+//! The CA key may be PKCS#8, PKCS#1 RSA (what Crossplane's
+//! `crossplane-root-ca` holds) or SEC1 EC: rcgen signs with ring, which
+//! reads PKCS#8 only, so the others are wrapped into PKCS#8 first.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::sign::CertifiedKey;
+
+use super::routing::server_names;
+
+/// How long a minted certificate is valid.
+const MINTED_VALIDITY: time::Duration = time::Duration::days(365);
+/// Largest certificate or key file read.
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// Why certificates cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("cannot read {}: {err}", .path.display())]
+    Read { path: PathBuf, err: std::io::Error },
+    #[error("{} is larger than {MAX_PEM_BYTES} bytes", .path.display())]
+    TooLarge { path: PathBuf },
+    #[error("{} has no PEM certificate", .path.display())]
+    NoCertificate { path: PathBuf },
+    #[error("{} has no PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC)", .path.display())]
+    NoKey { path: PathBuf },
+    #[error("{}: the private key cannot be used: {err}", .path.display())]
+    Key { path: PathBuf, err: String },
+    #[error("{}: the CA certificate cannot be used: {err}", .path.display())]
+    CaCertificate { path: PathBuf, err: rcgen::Error },
+    #[error("cannot mint a certificate for {name}: {err}")]
+    Mint { name: String, err: String },
+}
+
+/// Where server certificates come from.
+pub enum CertSource {
+    Mint(Box<Minter>),
+    Dir(PathBuf),
+}
+
+impl std::fmt::Debug for CertSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CertSource::Mint(_) => f.write_str("CertSource::Mint"),
+            CertSource::Dir(dir) => f.debug_tuple("CertSource::Dir").field(dir).finish(),
+        }
+    }
+}
+
+/// The certificates for the functions of one catalogue, by server name.
+#[derive(Debug, Default)]
+pub struct CertSet {
+    by_name: HashMap<String, Arc<CertifiedKey>>,
+    no_sni: Option<Arc<CertifiedKey>>,
+}
+
+impl CertSet {
+    /// The certificate for server name `name` (lower case).
+    pub fn get(&self, name: &str) -> Option<&Arc<CertifiedKey>> {
+        self.by_name.get(name)
+    }
+
+    /// The certificate for a client that sends no server name.
+    pub fn without_sni(&self) -> Option<&Arc<CertifiedKey>> {
+        self.no_sni.as_ref()
+    }
+}
+
+impl CertSource {
+    /// The certificates of functions `names` in `namespace`.
+    pub fn cert_set(&self, names: &[String], namespace: &str) -> Result<CertSet, CertError> {
+        let mut set = CertSet::default();
+        match self {
+            CertSource::Mint(minter) => {
+                for name in names {
+                    let key = minter.mint(name, server_names(name, namespace).to_vec())?;
+                    for server_name in server_names(name, namespace) {
+                        set.by_name.insert(server_name, key.clone());
+                    }
+                }
+                if !names.is_empty() {
+                    let all: Vec<String> = names
+                        .iter()
+                        .flat_map(|n| server_names(n, namespace))
+                        .collect();
+                    set.no_sni = Some(minter.mint("fnrun functions", all)?);
+                }
+            }
+            CertSource::Dir(dir) => {
+                for name in names {
+                    let key = read_pair(&dir.join(name))?;
+                    for server_name in server_names(name, namespace) {
+                        set.by_name.insert(server_name, key.clone());
+                    }
+                }
+                if dir.join("tls.crt").exists() || dir.join("tls.key").exists() {
+                    set.no_sni = Some(read_pair(dir)?);
+                }
+            }
+        }
+        Ok(set)
+    }
+}
+
+/// Mints server certificates signed by a CA.
+pub struct Minter {
+    ca: CertificateDer<'static>,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Minter {
+    /// The CA of the PEM files `cert` and `key`.
+    pub fn load(cert: &Path, key: &Path) -> Result<Minter, CertError> {
+        let cert_pem = read(cert)?;
+        let ca = CertificateDer::pem_slice_iter(&cert_pem)
+            .next()
+            .and_then(Result::ok)
+            .ok_or_else(|| CertError::NoCertificate {
+                path: cert.to_owned(),
+            })?;
+        let key_pair = ca_key_pair(key, &read(key)?)?;
+        let issuer =
+            Issuer::from_ca_cert_der(&ca, key_pair).map_err(|err| CertError::CaCertificate {
+                path: cert.to_owned(),
+                err,
+            })?;
+        Ok(Minter { ca, issuer })
+    }
+
+    /// A certificate for `sans`, with common name `cn`, and its chain (the
+    /// certificate, then the CA).
+    fn mint(&self, cn: &str, sans: Vec<String>) -> Result<Arc<CertifiedKey>, CertError> {
+        let failed = |err: &dyn std::fmt::Display| CertError::Mint {
+            name: cn.to_owned(),
+            err: err.to_string(),
+        };
+        let mut params = CertificateParams::new(sans).map_err(|e| failed(&e))?;
+        params.distinguished_name.push(DnType::CommonName, cn);
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::hours(1);
+        params.not_after = now + MINTED_VALIDITY;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().map_err(|e| failed(&e))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| failed(&e))?;
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let signing =
+            rustls::crypto::ring::sign::any_supported_type(&key_der).map_err(|e| failed(&e))?;
+        Ok(Arc::new(CertifiedKey::new(
+            vec![cert.der().clone(), self.ca.clone()],
+            signing,
+        )))
+    }
+}
+
+/// The certificate chain and key of `dir/tls.crt` and `dir/tls.key`.
+fn read_pair(dir: &Path) -> Result<Arc<CertifiedKey>, CertError> {
+    let cert_path = dir.join("tls.crt");
+    let key_path = dir.join("tls.key");
+    let cert_pem = read(&cert_path)?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
+        .filter_map(Result::ok)
+        .collect();
+    if chain.is_empty() {
+        return Err(CertError::NoCertificate { path: cert_path });
+    }
+    let key = PrivateKeyDer::from_pem_slice(&read(&key_path)?).map_err(|_| CertError::NoKey {
+        path: key_path.clone(),
+    })?;
+    let signing =
+        rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| CertError::Key {
+            path: key_path.clone(),
+            err: e.to_string(),
+        })?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified.keys_match().map_err(|e| CertError::Key {
+        path: key_path,
+        err: format!(
+            "it does not match the certificate in {}: {e}",
+            cert_path.display()
+        ),
+    })?;
+    Ok(Arc::new(certified))
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, CertError> {
+    use std::io::Read;
+    let failed = |err| CertError::Read {
+        path: path.to_owned(),
+        err,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(failed)?
+        .take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(failed)?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(CertError::TooLarge {
+            path: path.to_owned(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The CA's key pair, from PKCS#8, PKCS#1 RSA or SEC1 EC PEM.
+fn ca_key_pair(path: &Path, pem: &[u8]) -> Result<KeyPair, CertError> {
+    let key = PrivateKeyDer::from_pem_slice(pem).map_err(|_| CertError::NoKey {
+        path: path.to_owned(),
+    })?;
+    let unusable = |err: rcgen::Error| CertError::Key {
+        path: path.to_owned(),
+        err: err.to_string(),
+    };
+    let candidates: Vec<Vec<u8>> = match &key {
+        PrivateKeyDer::Pkcs8(k) => vec![k.secret_pkcs8_der().to_vec()],
+        PrivateKeyDer::Pkcs1(k) => vec![pkcs8::wrap(pkcs8::RSA, k.secret_pkcs1_der())],
+        PrivateKeyDer::Sec1(k) => vec![
+            pkcs8::wrap(pkcs8::EC_P256, k.secret_sec1_der()),
+            pkcs8::wrap(pkcs8::EC_P384, k.secret_sec1_der()),
+        ],
+        _ => {
+            return Err(CertError::NoKey {
+                path: path.to_owned(),
+            });
+        }
+    };
+    let mut last = rcgen::Error::CouldNotParseKeyPair;
+    for der in candidates {
+        match KeyPair::try_from(&PrivatePkcs8KeyDer::from(der)) {
+            Ok(pair) => return Ok(pair),
+            Err(e) => last = e,
+        }
+    }
+    Err(unusable(last))
+}
+
+/// PKCS#8 `PrivateKeyInfo` around a PKCS#1 or SEC1 key (RFC 5208, 5915).
+mod pkcs8 {
+    /// `AlgorithmIdentifier { rsaEncryption, NULL }`.
+    pub const RSA: &[u8] = &[
+        0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00,
+    ];
+    /// `AlgorithmIdentifier { id-ecPublicKey, prime256v1 }`.
+    pub const EC_P256: &[u8] = &[
+        0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86,
+        0x48, 0xce, 0x3d, 0x03, 0x01, 0x07,
+    ];
+    /// `AlgorithmIdentifier { id-ecPublicKey, secp384r1 }`.
+    pub const EC_P384: &[u8] = &[
+        0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b, 0x81,
+        0x04, 0x00, 0x22,
+    ];
+
+    /// `SEQUENCE { INTEGER 0, algorithm, OCTET STRING key }`.
+    pub fn wrap(algorithm: &[u8], key: &[u8]) -> Vec<u8> {
+        let mut body = vec![0x02, 0x01, 0x00];
+        body.extend_from_slice(algorithm);
+        body.push(0x04);
+        push_len(&mut body, key.len());
+        body.extend_from_slice(key);
+        let mut out = vec![0x30];
+        push_len(&mut out, body.len());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// A DER length.
+    fn push_len(out: &mut Vec<u8>, len: usize) {
+        if let Ok(short) = u8::try_from(len)
+            && short < 0x80
+        {
+            out.push(short);
+            return;
+        }
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        // At most 8 length bytes: 0x81 to 0x88.
+        let count = u8::try_from(bytes.len() - skip).expect("a usize has at most 8 bytes");
+        out.push(0x80 | count);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+
+    #[cfg(test)]
+    #[test]
+    fn lengths() {
+        let mut out = Vec::new();
+        push_len(&mut out, 5);
+        push_len(&mut out, 0x80);
+        push_len(&mut out, 0x1234);
+        assert_eq!(out, [5, 0x81, 0x80, 0x82, 0x12, 0x34]);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,226 @@
+//! `fnrun function call` and `fnrun function serve`: a Crossplane function
+//! from a terminal, without Docker, as root and rootless.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use fnrun_tests::cli::Cli;
+use fnrun_tests::crossplane::{
+    Call, GoFunction, SAMPLE_DESIRED_RESOURCES, SAMPLE_REQUEST, SAMPLE_TAG, Variant,
+    sample_request_json,
+};
+use fnrun_tests::fnrun_bin;
+use fnrun_tests::function_host::alive;
+use fnrun_tests::process::{die_with_parent, terminate};
+use fnrun_tests::registry::free_port;
+use fnrun_tests::user::{TestUser, require_root, rootless_user};
+use serde_norway::Value;
+
+fn label_image() -> fnrun_tests::image::BuiltImage {
+    let image = GoFunction::new(Variant::Label)
+        .image()
+        .and_then(|i| i.build())
+        .expect("the image builds");
+    image.share().expect("the image is readable by all");
+    image
+}
+
+fn call_labels_every_desired_resource(user: Option<TestUser>) {
+    let cli = match user {
+        Some(user) => Cli::as_user(user).unwrap(),
+        None => Cli::new().unwrap(),
+    };
+    let image = label_image();
+    let request = cli.write_file("request.yaml", SAMPLE_REQUEST).unwrap();
+    let out = cli.run(&["function", "call", &image.oci_ref(), &request], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let response: Value = serde_norway::from_str(&out.stdout).expect("the response is YAML");
+    assert_eq!(response["meta"]["tag"].as_str(), Some(SAMPLE_TAG));
+    assert_eq!(response["meta"]["ttl"].as_str(), Some("60s"));
+    for name in SAMPLE_DESIRED_RESOURCES {
+        assert_eq!(
+            response["desired"]["resources"][*name]["resource"]["metadata"]["labels"]
+                ["fnrun.dev/touched"]
+                .as_str(),
+            Some("true"),
+            "{name}: {}",
+            out.stdout
+        );
+    }
+    assert_eq!(
+        response["results"][0]["severity"].as_str(),
+        Some("SEVERITY_NORMAL")
+    );
+    assert!(out.stderr.is_empty(), "{}", out.describe());
+    // JSON on stdin works as well; the server is gone after each call.
+    let json = sample_request_json().unwrap();
+    let out = cli.run(
+        &["function", "call", &image.oci_ref(), "-"],
+        Some(json.as_bytes()),
+    );
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(
+        out.stdout.contains("fnrun.dev/touched"),
+        "{}",
+        out.describe()
+    );
+}
+
+#[test]
+fn function_call_prints_the_response_as_yaml() {
+    if !require_root("function_call_prints_the_response_as_yaml") {
+        return;
+    }
+    call_labels_every_desired_resource(None);
+}
+
+#[test]
+fn function_call_works_rootless() {
+    let Some(user) = rootless_user("function_call_works_rootless") else {
+        return;
+    };
+    call_labels_every_desired_resource(Some(user));
+}
+
+#[test]
+fn function_call_exit_codes_follow_fnrun_run() {
+    if !require_root("function_call_exit_codes_follow_fnrun_run") {
+        return;
+    }
+    let cli = Cli::new().unwrap();
+    let image = label_image();
+    let image_ref = image.oci_ref();
+    // Input that is not a RunFunctionRequest: 2, nothing started.
+    for bad in ["metta: {}\n", "a: [\n", "meta: {tag: [1]}\n"] {
+        let out = cli.run(&["function", "call", &image_ref, "-"], Some(bad.as_bytes()));
+        assert_eq!(out.code, Some(2), "{bad:?}: {}", out.describe());
+        assert!(out.stdout.is_empty());
+        assert_eq!(out.stderr.lines().count(), 1, "{}", out.describe());
+    }
+    let out = cli.run(
+        &["function", "call", &image_ref, "/no/such/request.yaml"],
+        None,
+    );
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    // The function's own error status: 1, with its code and message.
+    let fail = "input: {failWith: {code: 9, message: not today}}\n";
+    let out = cli.run(
+        &["function", "call", &image_ref, "-"],
+        Some(fail.as_bytes()),
+    );
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr
+            .contains("the function answered FAILED_PRECONDITION: not today"),
+        "{}",
+        out.describe()
+    );
+    // DEADLINE_EXCEEDED: 124.
+    let slow = GoFunction::new(Variant::Label)
+        .delay(Duration::from_secs(5))
+        .image()
+        .and_then(|i| i.build())
+        .unwrap();
+    let out = cli.run(
+        &[
+            "function",
+            "call",
+            "--timeout",
+            "500ms",
+            &slow.oci_ref(),
+            "-",
+        ],
+        Some(b"{}"),
+    );
+    assert_eq!(out.code, Some(124), "{}", out.describe());
+    // A server that never listens: 1, UNAVAILABLE-class, with its output.
+    let never = GoFunction::new(Variant::NeverListen)
+        .image()
+        .and_then(|i| i.build())
+        .unwrap();
+    let out = cli.run(
+        &[
+            "function",
+            "call",
+            "--start-timeout",
+            "2s",
+            &never.oci_ref(),
+            "-",
+        ],
+        Some(b"{}"),
+    );
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr
+            .contains("did not answer gRPC on 127.0.0.1:9443 within 2s")
+            && out.stderr.contains("never-listen"),
+        "{}",
+        out.describe()
+    );
+    // An image that does not exist: 1.
+    let out = cli.run(
+        &["function", "call", "oci:/no/such/layout:v1", "-"],
+        Some(b"{}"),
+    );
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+}
+
+#[test]
+fn function_serve_hosts_one_function_for_crossplane_render() {
+    if !require_root("function_serve_hosts_one_function_for_crossplane_render") {
+        return;
+    }
+    let cli = Cli::new().unwrap();
+    let image = label_image();
+    let port = free_port().unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let log = cli.scratch().join("serve.log");
+    let mut serve = Command::new(fnrun_bin());
+    serve
+        .args(["function", "serve", "--listen", &listen, &image.oci_ref()])
+        .env("FNRUN_CACHE_DIR", cli.cache_dir())
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut child = die_with_parent(&mut serve).spawn().unwrap();
+    let ready = fnrun_tests::wait_for(Duration::from_secs(60), || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|l| l.contains("serving the function"))
+    });
+    assert!(
+        ready.is_some(),
+        "not serving: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // The server started before the first call (its image is checked).
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("function server ready"), "{text}");
+    // `crossplane render`'s Development runtime dials localhost:9443 over
+    // h2c: any :authority reaches the one function.
+    for authority in [format!("localhost:{port}"), "anything:1".to_owned()] {
+        let outcome = Call::insecure(&listen)
+            .authority(&authority)
+            .request(SAMPLE_REQUEST)
+            .run()
+            .unwrap();
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(outcome.version, "v1");
+    }
+    let pids: Vec<i32> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("function server ready"))
+        .filter_map(|l| l.split(" pid=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 1, "one warm server");
+    assert!(alive(pids[0]));
+    let status = terminate(&mut child, Duration::from_secs(30)).expect("it exits");
+    assert!(
+        status.success(),
+        "{status:?}: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(!alive(pids[0]), "the function server outlived fnrun");
+}
