@@ -15,6 +15,7 @@ mod krm;
 mod listen;
 mod metrics;
 mod progress;
+mod reflection;
 mod runner;
 mod serve;
 mod service;

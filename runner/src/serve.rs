@@ -70,22 +70,10 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    // Server reflection in both versions that clients speak: v1, and v1alpha
-    // (grpcio-reflection, grpc_cli, older grpcurl). Each lists both.
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(fnrun_api::v1alpha1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(fnrun_api::evaluator::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection()
-        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("build the reflection service (v1)")?;
-    let reflection_v1alpha = reflection()
-        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .context("build the reflection service (v1alpha)")?;
+    let (reflection_v1, reflection_v1alpha) = crate::reflection::services(&[
+        fnrun_api::v1alpha1::FILE_DESCRIPTOR_SET,
+        fnrun_api::evaluator::FILE_DESCRIPTOR_SET,
+    ])?;
     let evaluator = EvaluatorService::server(runner.clone());
     if !args.prefetch.is_empty() {
         tokio::spawn(crate::evaluator::prefetch(

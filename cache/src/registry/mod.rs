@@ -51,6 +51,51 @@ const TAGS_PAGE: usize = 1000;
 pub(crate) const MAX_TAGS: usize = 100_000;
 
 /// Whether `s` is a tag (`[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`).
+/// The most of an error answer's body that is read: only for its message.
+const MAX_ERROR_BODY: u64 = 64 << 10;
+
+/// `request` with the registry's token, or else the basic credentials.
+fn authorize(
+    request: reqwest::RequestBuilder,
+    token: Option<&str>,
+    auth: &RegistryAuth,
+) -> reqwest::RequestBuilder {
+    match (token, auth) {
+        (Some(token), _) => request.bearer_auth(token),
+        (None, RegistryAuth::Basic(user, password)) => request.basic_auth(user, Some(password)),
+        (None, _) => request,
+    }
+}
+
+/// A metadata answer's body (a manifest, a page of tags), read no further
+/// than [`MAX_METADATA_BYTES`], or [`MAX_ERROR_BODY`] for an error answer.
+struct Body {
+    bytes: Vec<u8>,
+    /// Whether the body ended within the bound; if not, `bytes` is its head.
+    complete: bool,
+}
+
+async fn bounded_body(response: &mut reqwest::Response) -> Result<Body, reqwest::Error> {
+    let cap = match response.status() == reqwest::StatusCode::OK {
+        true => MAX_METADATA_BYTES,
+        false => MAX_ERROR_BODY,
+    };
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if (bytes.len() + chunk.len()) as u64 > cap {
+            return Ok(Body {
+                bytes,
+                complete: false,
+            });
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(Body {
+        bytes,
+        complete: true,
+    })
+}
+
 fn is_tag(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
@@ -290,16 +335,12 @@ impl Registries {
             reference.repository(),
             digest.map_or_else(|| tag.unwrap_or("latest").to_owned(), ToString::to_string),
         );
-        let mut request = self
+        let request = self
             .http()
             .map_err(|e| unavailable(format!("cannot set up the HTTP client: {e}")))?
             .get(&url)
             .header(reqwest::header::ACCEPT, ACCEPTED_MANIFESTS.join(", "));
-        request = match (token, &auth) {
-            (Some(token), _) => request.bearer_auth(token),
-            (None, RegistryAuth::Basic(user, password)) => request.basic_auth(user, Some(password)),
-            (None, _) => request,
-        };
+        let request = authorize(request, token.as_deref(), &auth);
         let mut response = request.send().await.map_err(|e| {
             unavailable(format!("GET manifest failed: {}", chain(&e.without_url())))
         })?;
@@ -324,35 +365,23 @@ impl Registries {
         {
             return Err(too_large());
         }
-        // An error's body is only read for its message.
-        let cap = match ok {
-            true => MAX_METADATA_BYTES,
-            false => 64 << 10,
-        };
-        let mut bytes = Vec::new();
-        let mut complete = true;
-        while let Some(chunk) = response.chunk().await.map_err(|e| {
+        let body = bounded_body(&mut response).await.map_err(|e| {
             unavailable(format!(
                 "download of manifest failed: {}",
                 chain(&e.without_url())
             ))
-        })? {
-            if (bytes.len() + chunk.len()) as u64 > cap {
-                complete = false;
-                break;
-            }
-            bytes.extend_from_slice(&chunk);
-        }
+        })?;
         if !ok {
             return Err(map_error(
-                response_error(status, &bytes, &url),
+                response_error(status, &body.bytes, &url),
                 repo,
                 "manifest",
             ));
         }
-        if !complete {
+        if !body.complete {
             return Err(too_large());
         }
+        let bytes = body.bytes;
         let actual = Digest::of(&bytes);
         if let Some(expected) = digest.or(claimed.as_ref())
             && *expected != actual
@@ -416,45 +445,26 @@ impl Registries {
                 Some(last) => format!("{base}&last={last}"),
                 None => base.clone(),
             };
-            let mut request = http.get(&url);
-            request = match (&token, &auth) {
-                (Some(token), _) => request.bearer_auth(token),
-                (None, RegistryAuth::Basic(user, password)) => {
-                    request.basic_auth(user, Some(password))
-                }
-                (None, _) => request,
-            };
+            let request = authorize(http.get(&url), token.as_deref(), &auth);
             let mut response = request.send().await.map_err(|e| {
                 unavailable(format!("GET tag list failed: {}", chain(&e.without_url())))
             })?;
             let status = response.status();
-            let ok = status == reqwest::StatusCode::OK;
-            let cap = match ok {
-                true => MAX_METADATA_BYTES,
-                false => 64 << 10,
-            };
-            let mut bytes = Vec::new();
-            let mut complete = true;
-            while let Some(chunk) = response.chunk().await.map_err(|e| {
+            let body = bounded_body(&mut response).await.map_err(|e| {
                 unavailable(format!(
                     "download of the tag list failed: {}",
                     chain(&e.without_url())
                 ))
-            })? {
-                if (bytes.len() + chunk.len()) as u64 > cap {
-                    complete = false;
-                    break;
-                }
-                bytes.extend_from_slice(&chunk);
-            }
-            if !ok {
+            })?;
+            if status != reqwest::StatusCode::OK {
                 return Err(map_error(
-                    response_error(status, &bytes, &url),
+                    response_error(status, &body.bytes, &url),
                     repo,
                     "tag list",
                 ));
             }
-            if !complete {
+            let bytes = body.bytes;
+            if !body.complete {
                 return Err(RegistryError::TooLarge {
                     reference: repo.reference.clone(),
                     what: "tag list",

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures::TryStreamExt;
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -36,20 +35,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// that says which functions exist.
 pub fn services(host: Arc<Host>) -> anyhow::Result<(Router, HealthReporter)> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(fnrun_api::v1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(fnrun_api::v1beta1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection()
-        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("build the reflection service (v1)")?;
-    let reflection_v1alpha = reflection()
-        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .context("build the reflection service (v1alpha)")?;
+    let (reflection_v1, reflection_v1alpha) = crate::reflection::services(&[
+        fnrun_api::v1::FILE_DESCRIPTOR_SET,
+        fnrun_api::v1beta1::FILE_DESCRIPTOR_SET,
+    ])?;
     let router = Server::builder()
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
