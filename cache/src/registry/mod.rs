@@ -51,6 +51,23 @@ const TAGS_PAGE: usize = 1000;
 pub(crate) const MAX_TAGS: usize = 100_000;
 
 /// Whether `s` is a tag (`[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`).
+/// A request to the registry made here (see [`Registries::direct`]).
+struct Direct {
+    /// The bearer token, if the registry asked for one.
+    token: Option<String>,
+    /// The credentials, used as they are when there is no token.
+    auth: RegistryAuth,
+    scheme: &'static str,
+}
+
+fn unavailable(repo: &Repo, detail: String) -> RegistryError {
+    RegistryError::Unavailable {
+        reference: repo.reference.clone(),
+        registry: repo.registry.clone(),
+        detail,
+    }
+}
+
 /// The most of an error answer's body that is read: only for its message.
 const MAX_ERROR_BODY: u64 = 64 << 10;
 
@@ -288,6 +305,32 @@ impl Registries {
         }
     }
 
+    /// What a request made here rather than by oci-client needs: oci-client
+    /// authenticates for `reference` (and caches the token for the blob
+    /// requests that follow).
+    async fn direct(
+        &self,
+        repo: &Repo,
+        creds: &Credentials,
+        reference: &Reference,
+        what: &'static str,
+    ) -> Result<Direct, RegistryError> {
+        let (client, auth) = self.client(repo, creds).await?;
+        let token = client
+            .auth(reference, &auth, RegistryOperation::Pull)
+            .await
+            .map_err(|e| map_error(e, repo, what))?;
+        let scheme = match self.plain_http(&repo.registry).await {
+            true => "http",
+            false => "https",
+        };
+        Ok(Direct {
+            token,
+            auth,
+            scheme,
+        })
+    }
+
     /// Fetches a manifest or index by tag or digest and verifies it against a pinned digest.
     ///
     /// oci-client authenticates (and caches the token for the blob requests that
@@ -302,7 +345,6 @@ impl Registries {
         tag: Option<&str>,
         digest: Option<&Digest>,
     ) -> Result<(Vec<u8>, Digest), RegistryError> {
-        let (client, auth) = self.client(repo, creds).await?;
         let reference = match digest {
             Some(d) => Reference::with_digest(
                 repo.registry.clone(),
@@ -316,19 +358,12 @@ impl Registries {
             ),
         };
         tracing::debug!(reference = %repo.reference, manifest = %reference, "fetching manifest");
-        let token = client
-            .auth(&reference, &auth, RegistryOperation::Pull)
-            .await
-            .map_err(|e| map_error(e, repo, "manifest"))?;
-        let unavailable = |detail: String| RegistryError::Unavailable {
-            reference: repo.reference.clone(),
-            registry: repo.registry.clone(),
-            detail,
-        };
-        let scheme = match self.plain_http(&repo.registry).await {
-            true => "http",
-            false => "https",
-        };
+        let Direct {
+            token,
+            auth,
+            scheme,
+        } = self.direct(repo, creds, &reference, "manifest").await?;
+        let unavailable = |detail| unavailable(repo, detail);
         let url = format!(
             "{scheme}://{}/v2/{}/manifests/{}",
             reference.resolve_registry(),
@@ -405,29 +440,21 @@ impl Registries {
         repo: &Repo,
         creds: &Credentials,
     ) -> Result<Vec<String>, RegistryError> {
-        let (client, auth) = self.client(repo, creds).await?;
         let reference = Reference::with_tag(
             repo.registry.clone(),
             repo.repository.clone(),
             "latest".to_owned(),
         );
-        let token = client
-            .auth(&reference, &auth, RegistryOperation::Pull)
-            .await
-            .map_err(|e| map_error(e, repo, "tag list"))?;
-        let unavailable = |detail: String| RegistryError::Unavailable {
-            reference: repo.reference.clone(),
-            registry: repo.registry.clone(),
-            detail,
-        };
+        let Direct {
+            token,
+            auth,
+            scheme,
+        } = self.direct(repo, creds, &reference, "tag list").await?;
+        let unavailable = |detail| unavailable(repo, detail);
         let invalid = |detail: String| RegistryError::Invalid {
             reference: repo.reference.clone(),
             what: "tag list",
             detail,
-        };
-        let scheme = match self.plain_http(&repo.registry).await {
-            true => "http",
-            false => "https",
         };
         let base = format!(
             "{scheme}://{}/v2/{}/tags/list?n={TAGS_PAGE}",
