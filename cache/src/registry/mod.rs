@@ -12,9 +12,8 @@
 //! or `400`), so a loopback registry with TLS is verified like any other.
 //!
 //! `error` maps failures to [`RegistryError`]; `protocol` chooses HTTPS or plain HTTP.
-//! This module is a little over 600 lines: it is the client's three requests
-//! (manifests, tag lists, blobs) around the client cache they share, one
-//! concern that reads best in one place.
+//! This module is the client's three requests (manifests, tag lists, blobs)
+//! around the client cache they share.
 
 mod error;
 mod protocol;
