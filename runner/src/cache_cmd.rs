@@ -43,7 +43,7 @@ pub fn main(args: CacheCmdArgs) -> ExitCode {
     match run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("fnrun: {e:#}");
+            eprintln!("fnrun: {}", crate::error_line(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }
