@@ -49,7 +49,6 @@ const TAGS_PAGE: usize = 1000;
 /// The most tags of one repository listed.
 pub(crate) const MAX_TAGS: usize = 100_000;
 
-/// Whether `s` is a tag (`[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`).
 /// A request to the registry made here (see [`Registries::direct`]).
 struct Direct {
     /// The bearer token, if the registry asked for one.
@@ -112,6 +111,7 @@ async fn bounded_body(response: &mut reqwest::Response) -> Result<Body, reqwest:
     })
 }
 
+/// Whether `s` is a tag (`[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`).
 fn is_tag(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
