@@ -142,7 +142,15 @@ impl Instance {
             .map_err(|e| failed(e.into()))?;
         let exit = service.exit_watch();
         let spawned = started.elapsed();
-        let (upstream, ready) = wait_ready(def, &service, &exit, started).await?;
+        let (upstream, ready) = match wait_ready(def, &service, &exit, started).await {
+            Ok(ready) => ready,
+            Err(e) => {
+                // Nothing of a server that did not start outlives the call
+                // that learns of it: its processes and cgroup are gone first.
+                service.stop().await;
+                return Err(e);
+            }
+        };
         tracing::debug!(
             function = def.name,
             instance = id,
