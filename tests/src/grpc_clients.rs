@@ -57,6 +57,84 @@ pub fn python_run_function(target: &str, image: &str, input: &[u8]) -> Result<Ou
     })
 }
 
+/// What grpcio's EvaluateFunction call gave.
+#[derive(Debug, Clone)]
+pub struct Evaluated {
+    pub code: String,
+    pub message: String,
+    pub resource_list: String,
+    pub log: String,
+}
+
+/// Porch's EvaluateFunction with Python's grpcio on its own channel for
+/// `target` (`unix:PATH`, `unix-abstract:NAME` or `HOST:PORT`).
+pub fn python_evaluate(target: &str, image: &str, resource_list: &[u8]) -> Result<Evaluated> {
+    let python = Python::get()?;
+    let stubs = python.stubs(&[Protos::fnrun_evaluator()])?;
+    let result = python.run_json(
+        "evaluate.py",
+        &["--target", target, "--image", image],
+        &stubs,
+        Some(resource_list),
+    )?;
+    Ok(Evaluated {
+        code: field(&result, "code")?,
+        message: field(&result, "details")?,
+        resource_list: field(&result, "resource_list")?,
+        log: field(&result, "log")?,
+    })
+}
+
+/// What grpcio's call of a Crossplane v1 function gave: the status, and the
+/// `RunFunctionResponse` as protojson when it succeeded.
+#[derive(Debug, Clone)]
+pub struct Called {
+    pub code: String,
+    pub message: String,
+    pub response: Option<serde_json::Value>,
+}
+
+/// A v1 `RunFunction` with Python's grpcio to the functions listener at
+/// `target` (`HOST:PORT`) with `:authority` `authority`: over h2c, or over
+/// mTLS with `tls` (its CA verifies the server, its certificate is the
+/// client's) and the TLS server name `server_name`. `request` is protojson.
+pub fn python_crossplane_call(
+    target: &str,
+    authority: &str,
+    tls: Option<(&crate::certs::TlsFiles, &str)>,
+    request: &serde_json::Value,
+) -> Result<Called> {
+    let python = Python::get()?;
+    let stubs = python.stubs(&[Protos::crossplane_v1()])?;
+    let mut args: Vec<String> = ["--target", target, "--authority", authority]
+        .map(str::to_owned)
+        .to_vec();
+    if let Some((files, server_name)) = tls {
+        for (flag, path) in [
+            ("--ca", &files.ca),
+            ("--cert", &files.cert),
+            ("--key", &files.key),
+        ] {
+            args.push(flag.to_owned());
+            args.push(path.display().to_string());
+        }
+        args.push("--server-name".to_owned());
+        args.push(server_name.to_owned());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = python.run_json(
+        "crossplane_call.py",
+        &args,
+        &stubs,
+        Some(request.to_string().as_bytes()),
+    )?;
+    Ok(Called {
+        code: field(&result, "code")?,
+        message: field(&result, "details")?,
+        response: Some(result["response"].clone()).filter(|r| !r.is_null()),
+    })
+}
+
 /// What grpcio-reflection's client (reflection v1alpha) found.
 #[derive(Debug, Clone)]
 pub struct Reflected {

@@ -176,6 +176,18 @@ impl Protos {
         }
     }
 
+    /// Crossplane's `apiextensions.fn.proto.v1` API, as fnrun carries it
+    /// (`api/proto`).
+    pub fn crossplane_v1() -> Protos {
+        Protos {
+            root: crate::workspace_root().join("api/proto"),
+            files: vec![PathBuf::from(
+                "apiextensions/fn/proto/v1/run_function.proto",
+            )],
+            go_package: None,
+        }
+    }
+
     /// Adds the files' paths and contents to `key`.
     pub fn hash_into(&self, key: &mut Key) -> Result<()> {
         key.part("proto root", self.root.to_string_lossy().as_bytes());
