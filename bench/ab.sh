@@ -15,44 +15,18 @@ OLD=$(realpath "$1")
 NEW=$(realpath "$2")
 ROUNDS=${3:-8}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-bench}
-cargo build --release -q --manifest-path "$ROOT/Cargo.toml" -p fnrun-bench
-LOADGEN=$CARGO_TARGET_DIR/release/fnrun-loadgen
-command -v umoci >/dev/null || { echo "ab.sh: needs umoci (bench/run.sh installs it)" >&2; exit 1; }
-
-WORK=$(mktemp -d /tmp/fnrun-ab.XXXXXX)
-chmod 0755 "$WORK"
-DAEMON_PID=""
-cleanup() {
-  [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
-  chmod -R u+rwX "$WORK" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# The same image as bench/run.sh: busybox cat.
-# shellcheck source=bench/cat_image.sh
-. "$ROOT/bench/cat_image.sh"
-cat_image "$WORK"
-LAYOUT=$WORK/cat-layout
-
-load() { # label conc n warmup -> the summary line's fields
-  "$LOADGEN" --socket "$WORK/sock" --image "oci:$LAYOUT:latest" --input "$WORK/input.yaml" \
-    -c "$2" -n "$3" --warmup "$4" --label "$1" --json /dev/null 2>&1 | awk -v l="$1" '$1 == l'
-}
+# shellcheck source=bench/warm.sh
+. "$ROOT/bench/warm.sh"
 
 for r in $(seq "$ROUNDS"); do
   for side in old new; do
     bin=$OLD; [ "$side" = new ] && bin=$NEW
-    rm -rf "$WORK/cache" "$WORK/sock"
-    "$bin" serve --listen "unix:$WORK/sock" --cache-dir "$WORK/cache" > "$WORK/daemon.log" 2>&1 &
-    DAEMON_PID=$!
-    for _ in $(seq 100); do [ -S "$WORK/sock" ] && break; sleep 0.1; done
+    start_daemon "$bin"
     load first 1 1 0 >/dev/null
     p50=$(load seq 1 200 20 | awk '{print $5}')
     tput=$(load c8 8 600 40 | awk '{print $10}')
     echo "$r $side $p50 $tput"
-    kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true; DAEMON_PID=""
+    stop_daemon
   done
 done | tee "$WORK/ab.txt"
 

@@ -15,44 +15,19 @@ set -euo pipefail
 ROUNDS=$1; shift
 [ $# -ge 2 ] || { echo "usage: bench/builds.sh ROUNDS FNRUN FNRUN..." >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-bench}
-cargo build --release -q --manifest-path "$ROOT/Cargo.toml" -p fnrun-bench
-LOADGEN=$CARGO_TARGET_DIR/release/fnrun-loadgen
-command -v umoci >/dev/null || { echo "builds.sh: needs umoci (bench/run.sh installs it)" >&2; exit 1; }
-
-WORK=$(mktemp -d /tmp/fnrun-builds.XXXXXX)
-chmod 0755 "$WORK"
-DAEMON_PID=""
-cleanup() {
-  [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
-  chmod -R u+rwX "$WORK" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# shellcheck source=bench/cat_image.sh
-. "$ROOT/bench/cat_image.sh"
-cat_image "$WORK"
-LAYOUT=$WORK/cat-layout
-
-load() { # conc n warmup -> the summary line
-  "$LOADGEN" --socket "$WORK/sock" --image "oci:$LAYOUT:latest" --input "$WORK/input.yaml" \
-    -c "$1" -n "$2" --warmup "$3" --label m --json /dev/null 2>&1 | awk '$1 == "m"'
-}
+# shellcheck source=bench/warm.sh
+. "$ROOT/bench/warm.sh"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 for r in $(seq "$ROUNDS"); do
   for bin in "$@"; do
-    rm -rf "$WORK/cache" "$WORK/sock"
-    "$bin" serve --listen "unix:$WORK/sock" --cache-dir "$WORK/cache" > "$WORK/daemon.log" 2>&1 &
-    DAEMON_PID=$!
-    for _ in $(seq 100); do [ -S "$WORK/sock" ] && break; sleep 0.1; done
-    load 1 1 0 >/dev/null
-    p50=$(load 1 300 30 | awk '{print $5}')
+    start_daemon "$bin"
+    load first 1 1 0 >/dev/null
+    p50=$(load m 1 300 30 | awk '{print $5}')
     before=$(ticks "$DAEMON_PID")
-    tput=$(load 8 1500 40 | awk '{print $10}')
+    tput=$(load m 8 1500 40 | awk '{print $10}')
     echo "$r $bin $p50 $tput $(( $(ticks "$DAEMON_PID") - before ))"
-    kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true; DAEMON_PID=""
+    stop_daemon
   done
 done | tee "$WORK/builds.txt"
 

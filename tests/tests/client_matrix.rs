@@ -304,7 +304,9 @@ async fn grpc_go_grpcio_and_tonic_call_a_hosted_function_over_h2c_and_mtls() {
         .and_then(|i| i.build())
         .expect("the function image builds");
     // The rootless daemon reads the layout too.
-    image.share().expect("the image is readable by the test user");
+    image
+        .share()
+        .expect("the image is readable by the test user");
     let request: serde_json::Value =
         serde_norway::from_str(SAMPLE_REQUEST).expect("the sample request is YAML");
     let authority = format!("fn-a.{NAMESPACE}:9443");

@@ -40,6 +40,14 @@ fn shared_scratch(cli: &Cli) -> &Path {
     dir
 }
 
+/// `data/hello` ("hi") in the CLI's scratch directory, for the mount probe.
+fn data_dir(cli: &Cli) -> std::path::PathBuf {
+    let data = shared_scratch(cli).join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    std::fs::write(data.join("hello"), "hi\n").expect("write");
+    data
+}
+
 #[test]
 fn krm_run_prints_the_output_resourcelist_and_a_summary() {
     let registry = registry();
@@ -423,9 +431,7 @@ fn mounts_are_read_only_unless_rw_and_checked_strictly() {
     let registry = registry();
     let image = mount_probe(&registry);
     let cli = Cli::new().expect("cli");
-    let data = shared_scratch(&cli).join("data");
-    std::fs::create_dir(&data).expect("mkdir");
-    std::fs::write(data.join("hello"), "hi\n").expect("write");
+    let data = data_dir(&cli);
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).expect("chmod");
     let ro = format!("type=bind,src={},dst=/data", data.display());
     let out = cli.run(
@@ -525,9 +531,7 @@ fn as_current_user_writes_as_the_caller() {
     let image = mount_probe(&registry);
     let cli = Cli::new().expect("cli");
     // Root's own directory, not writable by nobody.
-    let data = shared_scratch(&cli).join("data");
-    std::fs::create_dir(&data).expect("mkdir");
-    std::fs::write(data.join("hello"), "hi\n").expect("write");
+    let data = data_dir(&cli);
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let rw = format!("type=bind,src={},dst=/data,rw=true", data.display());
     let out = cli.run(
@@ -626,9 +630,7 @@ fn rootless_krm_runs_as_the_callers_one_id() {
     let probe = mount_probe(&registry);
     let server = PongServer::start();
     let cli = Cli::as_user(user.clone()).expect("cli");
-    let data = shared_scratch(&cli).join("data");
-    std::fs::create_dir(&data).expect("mkdir");
-    std::fs::write(data.join("hello"), "hi\n").expect("write");
+    let data = data_dir(&cli);
     user.chown_recursive(&data).expect("chown");
     let rw = format!("type=bind,src={},dst=/data,rw=true", data.display());
     for extra in [None, Some("--as-current-user")] {

@@ -1,0 +1,43 @@
+# Sourced by bench/ab.sh and bench/builds.sh: what a warm-path comparison of
+# fnrun builds needs. Builds the load client, makes $WORK with the `cat`
+# image (bench/cat_image.sh), removes it on exit, and defines
+#   start_daemon FNRUN            a fresh daemon of that build ($DAEMON_PID)
+#   stop_daemon
+#   load LABEL CONC N WARMUP      the load client's summary line
+# $ROOT must be the checkout.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-bench}
+cargo build --release -q --manifest-path "$ROOT/Cargo.toml" -p fnrun-bench
+LOADGEN=$CARGO_TARGET_DIR/release/fnrun-loadgen
+command -v umoci >/dev/null || { echo "$0: needs umoci (bench/run.sh installs it)" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/fnrun-warm.XXXXXX)
+# Searchable by the sandbox's mapped ids (the cache lives below).
+chmod 0755 "$WORK"
+DAEMON_PID=""
+cleanup() {
+  [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
+  chmod -R u+rwX "$WORK" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# shellcheck source=bench/cat_image.sh
+. "$ROOT/bench/cat_image.sh"
+cat_image "$WORK"
+LAYOUT=$WORK/cat-layout
+
+start_daemon() {
+  rm -rf "$WORK/cache" "$WORK/sock"
+  "$1" serve --listen "unix:$WORK/sock" --cache-dir "$WORK/cache" > "$WORK/daemon.log" 2>&1 &
+  DAEMON_PID=$!
+  for _ in $(seq 100); do [ -S "$WORK/sock" ] && break; sleep 0.1; done
+}
+
+stop_daemon() {
+  kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true; DAEMON_PID=""
+}
+
+load() {
+  "$LOADGEN" --socket "$WORK/sock" --image "oci:$LAYOUT:latest" --input "$WORK/input.yaml" \
+    -c "$2" -n "$3" --warmup "$4" --label "$1" --json /dev/null 2>&1 | awk -v l="$1" '$1 == l'
+}
