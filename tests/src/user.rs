@@ -27,6 +27,19 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+/// Root, and the test user where this host allows rootless runs: the users
+/// to start a daemon as in a test that covers both.
+pub fn root_and_rootless(test: &str) -> Vec<Option<TestUser>> {
+    let mut users = vec![None];
+    if require_root(test) {
+        match unprivileged_userns_blocked() {
+            Some(reason) => eprintln!("SKIPPED {test} rootless: {reason}"),
+            None => users.push(Some(ensure_test_user().expect("the test user exists"))),
+        }
+    }
+    users
+}
+
 /// The unprivileged test user for a rootless test, or `None` (after saying why
 /// `test` is skipped) when not run as root or when the kernel forbids
 /// unprivileged user namespaces.

@@ -13,7 +13,7 @@ use fnrun_tests::functionio::SAMPLE;
 use fnrun_tests::grpc_clients;
 use fnrun_tests::image::TestImage;
 use fnrun_tests::registry::{Registry, free_port};
-use fnrun_tests::user::{TestUser, ensure_test_user, require_root, unprivileged_userns_blocked};
+use fnrun_tests::user::{TestUser, root_and_rootless};
 use tonic::Code;
 
 /// What "a few KiB" is held to, for a status message or a CLI error line.
@@ -36,18 +36,6 @@ fn assert_bounded_invalid_input(message: &str) {
     );
     assert!(message.contains("bytes elided]"), "{message}");
     assert!(message.contains("expected a map"), "{message}");
-}
-
-/// Root, and the test user where this host allows rootless runs.
-fn users(test: &str) -> Vec<Option<TestUser>> {
-    let mut users = vec![None];
-    if require_root(test) {
-        match unprivileged_userns_blocked() {
-            Some(reason) => eprintln!("SKIPPED {test} rootless: {reason}"),
-            None => users.push(Some(ensure_test_user().expect("the test user exists"))),
-        }
-    }
-    users
 }
 
 fn daemon(user: &Option<TestUser>, opts: DaemonOpts) -> Daemon {
@@ -83,7 +71,9 @@ fn assert_log_bounded(daemon: &Daemon) {
 async fn a_huge_invalid_input_gets_a_bounded_status_through_tonic_and_log() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
-    for user in users("a_huge_invalid_input_gets_a_bounded_status_through_tonic_and_log") {
+    for user in
+        root_and_rootless("a_huge_invalid_input_gets_a_bounded_status_through_tonic_and_log")
+    {
         let daemon = daemon(&user, DaemonOpts::default());
         let mut client = daemon.client().await.expect("connects");
         let status =
@@ -100,7 +90,9 @@ async fn a_huge_invalid_input_gets_a_bounded_status_through_tonic_and_log() {
 async fn a_huge_invalid_input_gets_a_bounded_status_through_python_grpcio() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
-    for user in users("a_huge_invalid_input_gets_a_bounded_status_through_python_grpcio") {
+    for user in
+        root_and_rootless("a_huge_invalid_input_gets_a_bounded_status_through_python_grpcio")
+    {
         // grpc-core refuses a status over 16 KiB of metadata: it would report
         // RESOURCE_EXHAUSTED, never the real error. On TCP, and on the unix
         // socket (with the path as :authority).
@@ -125,7 +117,7 @@ async fn a_huge_invalid_input_gets_a_bounded_status_through_python_grpcio() {
 fn a_huge_invalid_input_gets_a_bounded_error_line_on_the_cli() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
-    for user in users("a_huge_invalid_input_gets_a_bounded_error_line_on_the_cli") {
+    for user in root_and_rootless("a_huge_invalid_input_gets_a_bounded_error_line_on_the_cli") {
         let cli = match &user {
             Some(user) => Cli::as_user(user.clone()).expect("cli"),
             None => Cli::new().expect("cli"),

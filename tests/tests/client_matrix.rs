@@ -26,20 +26,8 @@ use fnrun_tests::image::TestImage;
 use fnrun_tests::krm::{RESOURCE_LIST, go_evaluate};
 use fnrun_tests::registry::Registry;
 use fnrun_tests::unique_name;
-use fnrun_tests::user::{TestUser, ensure_test_user, require_root, unprivileged_userns_blocked};
+use fnrun_tests::user::{TestUser, require_root, root_and_rootless};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-
-/// Root, and the test user where this host allows rootless runs.
-fn users(test: &str) -> Vec<Option<TestUser>> {
-    let mut users = vec![None];
-    if require_root(test) {
-        match unprivileged_userns_blocked() {
-            Some(reason) => eprintln!("SKIPPED {test} rootless: {reason}"),
-            None => users.push(Some(ensure_test_user().expect("the test user exists"))),
-        }
-    }
-    users
-}
 
 /// Runs a blocking client call off the async runtime.
 async fn blocking<T: Send + 'static>(call: impl FnOnce() -> T + Send + 'static) -> T {
@@ -124,9 +112,9 @@ fn daemon(user: &Option<TestUser>) -> (Daemon, Vec<Listener>) {
 async fn grpc_go_grpcio_and_tonic_call_the_runner_and_the_evaluator_on_every_listener() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
-    for user in
-        users("grpc_go_grpcio_and_tonic_call_the_runner_and_the_evaluator_on_every_listener")
-    {
+    for user in root_and_rootless(
+        "grpc_go_grpcio_and_tonic_call_the_runner_and_the_evaluator_on_every_listener",
+    ) {
         let (_daemon, listeners) = daemon(&user);
         for listener in &listeners {
             let what = format!("{listener:?} ({user:?})");
@@ -311,7 +299,9 @@ async fn grpc_go_grpcio_and_tonic_call_a_hosted_function_over_h2c_and_mtls() {
         serde_norway::from_str(SAMPLE_REQUEST).expect("the sample request is YAML");
     let authority = format!("fn-a.{NAMESPACE}:9443");
     let server_name = format!("fn-a.{NAMESPACE}");
-    for user in users("grpc_go_grpcio_and_tonic_call_a_hosted_function_over_h2c_and_mtls") {
+    for user in
+        root_and_rootless("grpc_go_grpcio_and_tonic_call_a_hosted_function_over_h2c_and_mtls")
+    {
         for tls in [HostTls::Insecure, HostTls::Mint] {
             let what = format!("{tls:?} ({user:?})");
             let host = FunctionHost::start(

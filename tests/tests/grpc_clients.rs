@@ -14,19 +14,7 @@ use fnrun_tests::grpc_clients::{self, GoDial, Outcome};
 use fnrun_tests::image::TestImage;
 use fnrun_tests::registry::Registry;
 use fnrun_tests::unique_name;
-use fnrun_tests::user::{TestUser, ensure_test_user, require_root, unprivileged_userns_blocked};
-
-/// Root, and the test user where this host allows rootless runs.
-fn users(test: &str) -> Vec<Option<TestUser>> {
-    let mut users = vec![None];
-    if require_root(test) {
-        match unprivileged_userns_blocked() {
-            Some(reason) => eprintln!("SKIPPED {test} rootless: {reason}"),
-            None => users.push(Some(ensure_test_user().expect("the test user exists"))),
-        }
-    }
-    users
-}
+use fnrun_tests::user::{TestUser, root_and_rootless};
 
 /// A daemon listening on a unix path and on an abstract socket named like
 /// Crossplane's default (`crossplane/fn/….sock`, with slashes); returns it and
@@ -73,7 +61,7 @@ fn assert_refused_input(outcome: &Outcome, what: &str) {
 async fn python_grpcio_on_a_unix_path_and_an_abstract_name() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
-    for user in users("python_grpcio_on_a_unix_path_and_an_abstract_name") {
+    for user in root_and_rootless("python_grpcio_on_a_unix_path_and_an_abstract_name") {
         let (daemon, name) = daemon(&user);
         for target in [
             format!("unix:{}", socket_path(&daemon).display()),
@@ -99,7 +87,7 @@ async fn python_grpcio_on_a_unix_path_and_an_abstract_name() {
 async fn grpc_go_dialing_every_way_on_unix_sockets() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
-    for user in users("grpc_go_dialing_every_way_on_unix_sockets") {
+    for user in root_and_rootless("grpc_go_dialing_every_way_on_unix_sockets") {
         let (daemon, name) = daemon(&user);
         for dial in [
             GoDial::Unix(socket_path(&daemon)),
@@ -128,7 +116,7 @@ async fn grpc_go_dialing_every_way_on_unix_sockets() {
 async fn tonic_on_a_unix_path_and_an_abstract_name() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
-    for user in users("tonic_on_a_unix_path_and_an_abstract_name") {
+    for user in root_and_rootless("tonic_on_a_unix_path_and_an_abstract_name") {
         let (daemon, name) = daemon(&user);
         for channel in [
             client::channel_unix(&socket_path(&daemon)).await,

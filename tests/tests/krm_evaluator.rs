@@ -15,7 +15,7 @@ use fnrun_tests::go;
 use fnrun_tests::image::TestImage;
 use fnrun_tests::krm::{self, RESOURCE_LIST, go_evaluate, labels, with_config};
 use fnrun_tests::registry::Registry;
-use fnrun_tests::user::{TestUser, ensure_test_user, require_root, unprivileged_userns_blocked};
+use fnrun_tests::user::root_and_rootless;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -375,18 +375,6 @@ async fn allowed_registries_prefetch_and_reflection() {
     }
 }
 
-/// Root, and the test user where this host allows rootless runs.
-fn users(test: &str) -> Vec<Option<TestUser>> {
-    let mut users = vec![None];
-    if require_root(test) {
-        match unprivileged_userns_blocked() {
-            Some(reason) => eprintln!("SKIPPED {test} rootless: {reason}"),
-            None => users.push(Some(ensure_test_user().expect("the test user exists"))),
-        }
-    }
-    users
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn grpc_go_evaluates_two_functions_at_once_root_and_rootless() {
     let registry = Registry::start().expect("registry starts");
@@ -395,7 +383,7 @@ async fn grpc_go_evaluates_two_functions_at_once_root_and_rootless() {
         .push_to(&registry, "fns/krmfn:v1");
     let slow_a = versioned("a", 2).push_to(&registry, "fns/slow-a:v1");
     let slow_b = versioned("b", 2).push_to(&registry, "fns/slow-b:v1");
-    for user in users("grpc_go_evaluates_two_functions_at_once_root_and_rootless") {
+    for user in root_and_rootless("grpc_go_evaluates_two_functions_at_once_root_and_rootless") {
         let rootless = user.is_some();
         let mut opts = DaemonOpts::default();
         if let Some(user) = user {
