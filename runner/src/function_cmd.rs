@@ -30,6 +30,7 @@ use tonic::metadata::MetadataMap;
 use crate::config::{
     CacheArgs, NetworkPolicyArg, PullPolicyArg, SandboxArgs, parse_cpu, parse_duration, parse_size,
 };
+use crate::deadline::CallDeadline;
 use crate::error::{Class, LINE_MAX, bounded};
 use crate::host::catalogue::{self, CredentialSource, FunctionDef, Mode};
 use crate::host::instance::Api;
@@ -424,7 +425,7 @@ fn call(args: CallArgs) -> ExitCode {
                     Api::V1,
                     Bytes::from(request),
                     MetadataMap::new(),
-                    Some(args.timeout),
+                    Some(CallDeadline::from_now(args.timeout)),
                 )
                 .await
             }

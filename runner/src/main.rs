@@ -5,6 +5,7 @@ mod authority;
 mod cache_cmd;
 mod config;
 mod credential_helper;
+mod deadline;
 mod docker_config;
 mod error;
 mod evaluator;

@@ -11,6 +11,8 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::deadline::DeadlineLayer;
+
 use crate::authority::NormalizeAuthority;
 use crate::config::ServeArgs;
 use crate::evaluator::EvaluatorService;
@@ -104,6 +106,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
             builder = builder.tls_config(tls.clone()).context("configure TLS")?;
         }
         let router = builder
+            .layer(DeadlineLayer)
             .add_service(health.clone())
             .add_service(reflection_v1.clone())
             .add_service(reflection_v1alpha.clone())

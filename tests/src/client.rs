@@ -1,6 +1,6 @@
 //! gRPC over unix sockets with the generated tonic client, and request building.
 
-use std::os::linux::net::SocketAddrExt;
+use std::os::linux::net::SocketAddrExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -23,40 +23,76 @@ pub const RPC_GUARD: Duration = Duration::from_secs(180);
 /// The URI is required by tonic but unused: the connector dials the socket.
 const DUMMY_URI: &str = "http://[::]:50051";
 
+/// A connection to the unix socket at `path`.
+pub async fn connect_unix(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
+    tokio::net::UnixStream::connect(path).await
+}
+
+/// A connection to the abstract unix socket `name` (without the leading
+/// NUL byte, e.g. `crossplane/fn/default.sock`).
+pub fn connect_abstract(name: &str) -> std::io::Result<tokio::net::UnixStream> {
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let stream = std::os::unix::net::UnixStream::connect_addr(&addr)?;
+    stream.set_nonblocking(true)?;
+    tokio::net::UnixStream::from_std(stream)
+}
+
 /// A channel to a daemon listening on the unix socket at `path`.
 pub async fn channel_unix(path: &Path) -> Result<Channel> {
     let path: PathBuf = path.to_path_buf();
     let channel = Endpoint::try_from(DUMMY_URI)?
         .connect_with_connector(service_fn(move |_: Uri| {
             let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
+            async move { Ok::<_, std::io::Error>(TokioIo::new(connect_unix(&path).await?)) }
         }))
         .await
         .context("cannot connect to the unix socket")?;
     Ok(channel)
 }
 
-/// A channel to a daemon listening on the abstract unix socket `name` (without
-/// the leading NUL byte, e.g. `crossplane/fn/default.sock`).
+/// A channel to a daemon listening on the abstract unix socket `name`.
 pub async fn channel_abstract(name: &str) -> Result<Channel> {
     let name = name.to_owned();
     let channel = Endpoint::try_from(DUMMY_URI)?
         .connect_with_connector(service_fn(move |_: Uri| {
             let name = name.clone();
-            async move {
-                let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-                let stream = std::os::unix::net::UnixStream::connect_addr(&addr)?;
-                stream.set_nonblocking(true)?;
-                let stream = tokio::net::UnixStream::from_std(stream)?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
+            async move { Ok::<_, std::io::Error>(TokioIo::new(connect_abstract(&name)?)) }
         }))
         .await
         .context("cannot connect to the abstract unix socket")?;
     Ok(channel)
+}
+
+/// One HTTP/2 connection, as a tonic client's transport.
+pub type BareConnection = tower::util::BoxCloneService<
+    http::Request<tonic::body::Body>,
+    http::Response<hyper::body::Incoming>,
+    hyper::Error,
+>;
+
+/// A RunFunction client on `io` that keeps no timer of its own. tonic's
+/// `Channel` ends a call at its `grpc-timeout` itself (CANCELLED, "Timeout
+/// expired"), before the server's answer arrives; this client, like one
+/// whose clock runs a little behind the server's, waits for the server to
+/// say how the call ended.
+pub async fn client_without_timer(
+    io: tokio::net::UnixStream,
+) -> Result<ContainerizedFunctionRunnerServiceClient<BareConnection>> {
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(io),
+    )
+    .await
+    .context("HTTP/2 handshake")?;
+    tokio::spawn(connection);
+    let transport = service_fn(move |request| {
+        let mut sender = sender.clone();
+        async move { sender.send_request(request).await }
+    });
+    Ok(ContainerizedFunctionRunnerServiceClient::with_origin(
+        BareConnection::new(transport),
+        Uri::from_static("http://localhost"),
+    ))
 }
 
 /// Calls RunFunction; panics if no answer comes within [`RPC_GUARD`].

@@ -9,6 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use fnrun_api::v1alpha1::containerized_function_runner_service_client::ContainerizedFunctionRunnerServiceClient;
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
@@ -257,6 +258,18 @@ impl Daemon {
             Socket::Path(path) => client::channel_unix(path).await,
             Socket::Abstract(name) => client::channel_abstract(name).await,
         }
+    }
+
+    /// A RunFunction client connected to the daemon that leaves each call's
+    /// deadline to the daemon ([`client::client_without_timer`]).
+    pub async fn client_without_timer(
+        &self,
+    ) -> Result<ContainerizedFunctionRunnerServiceClient<client::BareConnection>> {
+        let io = match &self.socket {
+            Socket::Path(path) => client::connect_unix(path).await?,
+            Socket::Abstract(name) => client::connect_abstract(name)?,
+        };
+        client::client_without_timer(io).await
     }
 
     /// A RunFunction client connected to the daemon.

@@ -14,7 +14,6 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use tonic::body::Body;
@@ -28,6 +27,7 @@ use super::function::CallError;
 use super::instance::Api;
 use super::routing::Route;
 use super::upstream::MAX_MESSAGE_BYTES;
+use crate::deadline::CallDeadline;
 
 /// What a connection of the functions listener tells each of its calls.
 #[derive(Debug, Clone, Default)]
@@ -147,10 +147,10 @@ impl UnaryService<Bytes> for RunFunction {
         let route = std::mem::take(&mut self.route);
         let api = self.api;
         Box::pin(async move {
+            let deadline = CallDeadline::of(&request);
             let (metadata, _, message) = request.into_parts();
-            let timeout = grpc_timeout(&metadata);
             let forwarded = forwardable(metadata);
-            match host.call(&route, api, message, forwarded, timeout).await {
+            match host.call(&route, api, message, forwarded, deadline).await {
                 Ok(response) => {
                     let (metadata, message, _) = response.into_parts();
                     Ok(Response::from_parts(
@@ -197,54 +197,9 @@ fn forwardable(metadata: MetadataMap) -> MetadataMap {
     MetadataMap::from_headers(headers)
 }
 
-/// The call's `grpc-timeout`: 1 to 8 digits and a unit (H, M, S, m, u, n).
-pub fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
-    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
-    if value.len() < 2 || value.len() > 9 {
-        return None;
-    }
-    let (digits, unit) = value.split_at(value.len() - 1);
-    if !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.checked_mul(3600)?),
-        "M" => Duration::from_secs(n.checked_mul(60)?),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn timeout(value: &str) -> Option<Duration> {
-        let mut m = MetadataMap::new();
-        m.insert("grpc-timeout", value.parse().unwrap());
-        grpc_timeout(&m)
-    }
-
-    #[test]
-    fn grpc_timeouts() {
-        assert_eq!(timeout("20S"), Some(Duration::from_secs(20)));
-        assert_eq!(timeout("1500m"), Some(Duration::from_millis(1500)));
-        assert_eq!(timeout("2H"), Some(Duration::from_secs(7200)));
-        assert_eq!(timeout("3M"), Some(Duration::from_secs(180)));
-        assert_eq!(
-            timeout("99999999u"),
-            Some(Duration::from_micros(99_999_999))
-        );
-        assert_eq!(timeout("5n"), Some(Duration::from_nanos(5)));
-        for bad in ["", "S", "123456789S", "1x", "-1S", "1.5S"] {
-            assert_eq!(timeout(bad), None, "{bad}");
-        }
-        assert_eq!(grpc_timeout(&MetadataMap::new()), None);
-    }
 
     #[test]
     fn hop_headers_are_not_forwarded() {

@@ -21,11 +21,16 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 use tonic::transport::server::{Connected, Router};
+
+/// The functions listener's router: its services behind [`DeadlineLayer`].
+pub type FunctionsRouter =
+    Router<tower::layer::util::Stack<DeadlineLayer, tower::layer::util::Identity>>;
 use tonic_health::server::HealthReporter;
 
 use super::Host;
 use super::api::{ConnInfo, FunctionApi, V1, V1beta1};
 use crate::authority::NormalizeAuthority;
+use crate::deadline::DeadlineLayer;
 use crate::listen::Listener;
 
 /// How long a TLS client has to finish its handshake.
@@ -33,7 +38,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The gRPC services of the functions listener, and the health reporter
 /// that says which functions exist.
-pub fn services(host: Arc<Host>) -> anyhow::Result<(Router, HealthReporter)> {
+pub fn services(host: Arc<Host>) -> anyhow::Result<(FunctionsRouter, HealthReporter)> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
     let (reflection_v1, reflection_v1alpha) = crate::reflection::services(&[
         fnrun_api::v1::FILE_DESCRIPTOR_SET,
@@ -42,6 +47,7 @@ pub fn services(host: Arc<Host>) -> anyhow::Result<(Router, HealthReporter)> {
     let router = Server::builder()
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
+        .layer(DeadlineLayer)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -67,7 +73,7 @@ pub async fn serving(health: &HealthReporter, names: &[String]) {
 
 /// Serves `router` on `listener` (TLS with `tls` on TCP) until `shutdown`.
 pub fn serve(
-    router: Router,
+    router: FunctionsRouter,
     listener: Listener,
     tls: Option<Arc<ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send + 'static,

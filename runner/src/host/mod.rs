@@ -52,6 +52,7 @@ pub use self::function::{CallError, Function};
 use self::instance::Api;
 pub use self::metrics::FunctionMetrics;
 use self::routing::{Route, function_name};
+use crate::deadline::CallDeadline;
 use crate::runner::Runner;
 
 /// `d` in whole milliseconds, for logs.
@@ -200,15 +201,15 @@ impl Host {
             })
     }
 
-    /// Answers one call of `api` on `route`, with the caller's `timeout`
-    /// (else the function's own), and counts and logs it.
+    /// Answers one call of `api` on `route` by the caller's `deadline` (else
+    /// the function's own `timeout`), and counts and logs it.
     pub async fn call(
         &self,
         route: &Route,
         api: Api,
         message: Bytes,
         metadata: MetadataMap,
-        timeout: Option<Duration>,
+        deadline: Option<CallDeadline>,
     ) -> Result<Response<Bytes>, CallError> {
         let arrived = Instant::now();
         let (name, result) = match self.route(route) {
@@ -217,8 +218,10 @@ impl Host {
                 (String::new(), Err(HostError::ShuttingDown.into()))
             }
             Ok(function) => {
-                let budget = timeout.unwrap_or(function.def.timeout);
-                let deadline = arrived + budget;
+                let (deadline, budget) = match deadline {
+                    Some(d) => (d.for_handler(), d.budget()),
+                    None => (arrived + function.def.timeout, function.def.timeout),
+                };
                 let result = function
                     .call(api, message, metadata, deadline, budget)
                     .await;
