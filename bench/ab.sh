@@ -5,6 +5,7 @@
 # ratios keep a slow spell of the machine from favouring either side.
 #
 #   bench/ab.sh OLD_FNRUN NEW_FNRUN [ROUNDS=8]
+#   LOAD_ARGS="--deadline 30" bench/ab.sh ...   (calls carry a grpc-timeout)
 #
 # The binaries are release builds (e.g. `git worktree add /tmp/old <commit>`
 # then `cargo build --release -p fnrun` there). The load client is built from

@@ -4,6 +4,8 @@
 #   start_daemon FNRUN            a fresh daemon of that build ($DAEMON_PID)
 #   stop_daemon
 #   load LABEL CONC N WARMUP      the load client's summary line
+# LOAD_ARGS adds options of the load client to every load (e.g.
+# LOAD_ARGS="--deadline 30": each call carries a grpc-timeout).
 # $ROOT must be the checkout.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-bench}
 cargo build --release -q --manifest-path "$ROOT/Cargo.toml" -p fnrun-bench
@@ -37,7 +39,8 @@ stop_daemon() {
   kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true; DAEMON_PID=""
 }
 
+read -ra LOAD_EXTRA <<< "${LOAD_ARGS:-}"
 load() {
   "$LOADGEN" --socket "$WORK/sock" --image "oci:$LAYOUT:latest" --input "$WORK/input.yaml" \
-    -c "$2" -n "$3" --warmup "$4" --label "$1" --json /dev/null 2>&1 | awk -v l="$1" '$1 == l'
+    -c "$2" -n "$3" --warmup "$4" --label "$1" "${LOAD_EXTRA[@]}" --json /dev/null 2>&1 | awk -v l="$1" '$1 == l'
 }

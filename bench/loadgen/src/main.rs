@@ -35,23 +35,42 @@ enum Client {
 }
 
 impl Client {
-    /// One call; the length of its output.
-    async fn call(&mut self, image: &str, input: &[u8]) -> Result<usize, tonic::Status> {
+    /// One call, with `grpc-timeout` `deadline` if any; the length of its
+    /// output.
+    async fn call(
+        &mut self,
+        image: &str,
+        input: &[u8],
+        deadline: Option<Duration>,
+    ) -> Result<usize, tonic::Status> {
+        fn request<T>(message: T, deadline: Option<Duration>) -> tonic::Request<T> {
+            let mut request = tonic::Request::new(message);
+            if let Some(deadline) = deadline {
+                request.set_timeout(deadline);
+            }
+            request
+        }
         match self {
             Client::RunFunction(c) => c
-                .run_function(RunFunctionRequest {
-                    image: image.to_owned(),
-                    input: input.to_vec(),
-                    ..Default::default()
-                })
+                .run_function(request(
+                    RunFunctionRequest {
+                        image: image.to_owned(),
+                        input: input.to_vec(),
+                        ..Default::default()
+                    },
+                    deadline,
+                ))
                 .await
                 .map(|r| r.get_ref().output.len()),
             Client::Evaluate(c) => c
-                .evaluate_function(EvaluateFunctionRequest {
-                    resource_list: input.to_vec(),
-                    image: image.to_owned(),
-                    tag: String::new(),
-                })
+                .evaluate_function(request(
+                    EvaluateFunctionRequest {
+                        resource_list: input.to_vec(),
+                        image: image.to_owned(),
+                        tag: String::new(),
+                    },
+                    deadline,
+                ))
                 .await
                 .map(|r| r.get_ref().resource_list.len()),
         }
@@ -86,6 +105,10 @@ struct Args {
     /// Per-call timeout.
     #[arg(long, default_value = "30")]
     call_timeout: u64,
+    /// Send each call's deadline (`grpc-timeout`) of this many seconds, as
+    /// Crossplane and Porch do.
+    #[arg(long)]
+    deadline: Option<u64>,
     /// Also write the raw latencies (ms) of each level into the JSON.
     #[arg(long)]
     raw: bool,
@@ -146,9 +169,11 @@ async fn run_level(args: &Args, input: &Arc<Vec<u8>>, c: usize) -> Result<Level>
         clients.push(connect(args.socket.clone(), args.api).await?);
     }
     let timeout = Duration::from_secs(args.call_timeout);
+    let grpc_deadline = args.deadline.map(Duration::from_secs);
     // Warm-up on the first connection (pull/unpack already done by the caller).
     for _ in 0..args.warmup {
-        let r = tokio::time::timeout(timeout, clients[0].call(&args.image, input)).await;
+        let r =
+            tokio::time::timeout(timeout, clients[0].call(&args.image, input, grpc_deadline)).await;
         match r {
             Ok(Ok(_)) => {}
             Ok(Err(s)) => bail!("warm-up call failed: {s}"),
@@ -169,7 +194,8 @@ async fn run_level(args: &Args, input: &Arc<Vec<u8>>, c: usize) -> Result<Level>
             let mut first_error = None;
             while next.fetch_add(1, Ordering::Relaxed) < n && Instant::now() < deadline {
                 let t = Instant::now();
-                let r = tokio::time::timeout(timeout, client.call(&image, &input)).await;
+                let r =
+                    tokio::time::timeout(timeout, client.call(&image, &input, grpc_deadline)).await;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 match r {
                     Ok(Ok(len)) if len == input.len() => {
