@@ -11,10 +11,9 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
-use crate::deadline::DeadlineLayer;
-
 use crate::authority::NormalizeAuthority;
 use crate::config::ServeArgs;
+use crate::deadline::DeadlineLayer;
 use crate::evaluator::EvaluatorService;
 use crate::listen::{ListenAddr, Listener};
 use crate::runner::Admission;

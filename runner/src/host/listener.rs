@@ -21,10 +21,6 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 use tonic::transport::server::{Connected, Router};
-
-/// The functions listener's router: its services behind [`DeadlineLayer`].
-pub type FunctionsRouter =
-    Router<tower::layer::util::Stack<DeadlineLayer, tower::layer::util::Identity>>;
 use tonic_health::server::HealthReporter;
 
 use super::Host;
@@ -32,6 +28,10 @@ use super::api::{ConnInfo, FunctionApi, V1, V1beta1};
 use crate::authority::NormalizeAuthority;
 use crate::deadline::DeadlineLayer;
 use crate::listen::Listener;
+
+/// The functions listener's router: its services behind [`DeadlineLayer`].
+pub type FunctionsRouter =
+    Router<tower::layer::util::Stack<DeadlineLayer, tower::layer::util::Identity>>;
 
 /// How long a TLS client has to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
