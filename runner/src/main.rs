@@ -93,8 +93,13 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Colours only on a terminal: a DaemonSet's log, a file or a pipe gets
+    // plain text (and never with NO_COLOR set).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

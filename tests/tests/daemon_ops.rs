@@ -337,7 +337,8 @@ async fn a_queued_call_honours_the_client_deadline() {
     let err = busy.await.unwrap().expect_err("the first run times out");
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
     assert!(
-        err.message().starts_with("function ran past its timeout of 8s"),
+        err.message()
+            .starts_with("function ran past its timeout of 8s"),
         "{err:?}"
     );
     assert!(

@@ -83,6 +83,10 @@ async fn health_service_reports_serving() {
             .expect("service health"),
         HEALTH_SERVING
     );
+    // Its log is a file: plain text, no terminal colours.
+    let log = daemon.log();
+    assert!(log.contains(" INFO ") && log.contains("listening"), "{log}");
+    assert!(!log.contains('\x1b'), "{log:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
