@@ -226,9 +226,9 @@ impl FunctionHost {
         &self.certs
     }
 
-    /// The daemon's log so far, without terminal colours.
+    /// The daemon's log so far.
     pub fn log(&self) -> String {
-        strip_ansi(&self.daemon.log())
+        self.daemon.log()
     }
 
     /// The functions file.
@@ -328,24 +328,6 @@ impl FunctionHost {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-}
-
-/// `text` without ANSI escape sequences (`ESC [ ... m`).
-pub fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The value of `name=VALUE` in a text log line.

@@ -717,7 +717,7 @@ fn crossplane_function_runtime_serves_every_listed_function_over_mtls() {
     )
     .expect("fnrun serve takes the shipped functions file");
     let log = fnrun_tests::wait_for(std::time::Duration::from_secs(10), || {
-        let log = fnrun_tests::function_host::strip_ansi(&daemon.log());
+        let log = daemon.log();
         log.contains("serving Crossplane functions").then_some(log)
     })
     .expect("the functions are served");
