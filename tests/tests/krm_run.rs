@@ -18,11 +18,25 @@ use fnrun_tests::fixtures::{self, PongServer};
 use fnrun_tests::go;
 use fnrun_tests::image::TestImage;
 use fnrun_tests::krm::{self, RESOURCE_LIST, labels, result_starting, results, with_config};
+use fnrun_tests::process::Finished;
 use fnrun_tests::registry::Registry;
 use fnrun_tests::user::rootless_user;
 
 fn registry() -> Registry {
     Registry::start().expect("registry starts")
+}
+
+/// `fnrun ARGS` with the sample ResourceList on stdin.
+fn krm_run(cli: &Cli, args: &[&str]) -> Finished {
+    cli.run(args, Some(RESOURCE_LIST.as_bytes()))
+}
+
+/// [`krm_run`], which must exit 0.
+#[track_caller]
+fn krm_ok(cli: &Cli, args: &[&str]) -> Finished {
+    let out = krm_run(cli, args);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    out
 }
 
 /// The Go KRM function, pushed to `registry`.
@@ -123,11 +137,7 @@ fn the_function_config_comes_from_key_values_or_a_file() {
             "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: my-config}\ndata: {key: owner, value: team-a}\n",
         )
         .expect("fn-config");
-    let out = cli.run(
-        &["run", "--fn-config", &file, &image],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let out = krm_ok(&cli, &["run", "--fn-config", &file, &image]);
     assert_eq!(
         labels(&out.stdout, "owner"),
         [Some("team-a".into()), Some("team-a".into())]
@@ -149,7 +159,7 @@ fn the_function_config_comes_from_key_values_or_a_file() {
             "not of the form key=value",
         ),
     ] {
-        let out = cli.run(&args, Some(RESOURCE_LIST.as_bytes()));
+        let out = krm_run(&cli, &args);
         assert_eq!(out.code, Some(2), "{}", out.describe());
         assert!(out.stderr.contains(want), "{}", out.describe());
         assert!(out.stdout.is_empty(), "{}", out.describe());
@@ -157,10 +167,7 @@ fn the_function_config_comes_from_key_values_or_a_file() {
     let bad = cli
         .write_file("bad.yaml", "kind: ConfigMap\ndata: {}\n")
         .expect("bad config");
-    let out = cli.run(
-        &["run", "--fn-config", &bad, &image],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
+    let out = krm_run(&cli, &["run", "--fn-config", &bad, &image]);
     assert_eq!(out.code, Some(2), "{}", out.describe());
     assert!(
         out.stderr
@@ -183,9 +190,9 @@ fn exit_codes_follow_kpt() {
 
     // An error result with exit 0: exit 1, the output (with its results)
     // still printed, as kpt and kustomize read it.
-    let out = cli.run(
+    let out = krm_run(
+        &cli,
         &["run", &image, "-", "--", "key=a", "value=b", "fail=result"],
-        Some(RESOURCE_LIST.as_bytes()),
     );
     assert_eq!(out.code, Some(1), "{}", out.describe());
     assert!(
@@ -209,10 +216,7 @@ fn exit_codes_follow_kpt() {
 
     // An error result and exit 1, as kpt's Go SDK fails: the same, with the
     // exit code.
-    let out = cli.run(
-        &["run", &image, "-", "--", "fail=exit"],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
+    let out = krm_run(&cli, &["run", &image, "-", "--", "fail=exit"]);
     assert_eq!(out.code, Some(1), "{}", out.describe());
     assert!(
         results(&out.stdout).contains(&("error".into(), "value is not allowed".into())),
@@ -231,10 +235,7 @@ fn exit_codes_follow_kpt() {
     );
 
     // A crash: nothing on stdout, its stderr and exit code on stderr.
-    let out = cli.run(
-        &["run", &image, "-", "--", "fail=crash"],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
+    let out = krm_run(&cli, &["run", &image, "-", "--", "fail=crash"]);
     assert_eq!(out.code, Some(1), "{}", out.describe());
     assert!(out.stdout.is_empty(), "{}", out.describe());
     assert!(
@@ -250,7 +251,7 @@ fn exit_codes_follow_kpt() {
 
     // Output that is not a ResourceList: exit 1, nothing printed.
     let hello = TestImage::script(fixtures::HELLO_SCRIPT).push_to(&registry, "fns/hello:v1");
-    let out = cli.run(&["run", "--krm", &hello], Some(RESOURCE_LIST.as_bytes()));
+    let out = krm_run(&cli, &["run", "--krm", &hello]);
     assert_eq!(out.code, Some(1), "{}", out.describe());
     assert!(out.stdout.is_empty(), "{}", out.describe());
     assert!(
@@ -273,13 +274,10 @@ fn exit_codes_follow_kpt() {
         out.describe()
     );
     let missing = registry.reference("fns/missing:v1");
-    let out = cli.run(&["run", "--krm", &missing], Some(RESOURCE_LIST.as_bytes()));
+    let out = krm_run(&cli, &["run", "--krm", &missing]);
     assert_eq!(out.code, Some(1), "{}", out.describe());
     assert!(out.stderr.contains("not found"), "{}", out.describe());
-    let out = cli.run(
-        &["run", "--krm", "--timeout", "1s", &sleeper],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
+    let out = krm_run(&cli, &["run", "--krm", "--timeout", "1s", &sleeper]);
     assert_eq!(out.code, Some(124), "{}", out.describe());
     assert!(
         out.stderr.contains("ran past its timeout of 1s"),
@@ -298,7 +296,8 @@ fn results_dir_gets_kpts_results_yaml() {
     let cli = Cli::new().expect("cli");
     let dir = cli.scratch().join("results/nested");
     let dir_arg = dir.display().to_string();
-    let out = cli.run(
+    let out = krm_ok(
+        &cli,
         &[
             "run",
             "--results-dir",
@@ -309,9 +308,7 @@ fn results_dir_gets_kpts_results_yaml() {
             "key=a",
             "value=b",
         ],
-        Some(RESOURCE_LIST.as_bytes()),
     );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
     assert!(
         out.stderr.contains(&format!(
             "For complete results, see {dir_arg}/results.yaml\n"
@@ -326,7 +323,8 @@ fn results_dir_gets_kpts_results_yaml() {
             "apiVersion: kpt.dev/v1\nkind: FunctionResultList\nmetadata:\n  name: fnresults\nexitCode: 0\nitems:\n- image: {image}\n  stderr: |\n    krmfn: labelled 2 resources\n  exitCode: 0\n  results:\n  - message: labelled 2 resources with a=b\n    severity: info\n"
         )
     );
-    let out = cli.run(
+    let out = krm_run(
+        &cli,
         &[
             "run",
             "--results-dir",
@@ -336,7 +334,6 @@ fn results_dir_gets_kpts_results_yaml() {
             "--",
             "fail=exit",
         ],
-        Some(RESOURCE_LIST.as_bytes()),
     );
     assert_eq!(out.code, Some(1), "{}", out.describe());
     let yaml = std::fs::read_to_string(dir.join("results.yaml")).expect("results.yaml");
@@ -367,8 +364,7 @@ fn the_environment_is_the_images_and_what_env_passes() {
     let mut cli = Cli::new().expect("cli");
     cli.env("FNRUN_TEST_SECRET", "s3cr3t").env("PASSED", "host");
     let messages = |args: &[&str]| {
-        let out = cli.run(args, Some(RESOURCE_LIST.as_bytes()));
-        assert_eq!(out.code, Some(0), "{}", out.describe());
+        let out = krm_ok(&cli, args);
         results(&out.stdout)
             .into_iter()
             .map(|(_, m)| m)
@@ -402,10 +398,7 @@ fn the_environment_is_the_images_and_what_env_passes() {
             "PASSED=flag"
         ]
     );
-    let out = cli.run(
-        &["run", "--krm", "-e", "=x", &image],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
+    let out = krm_run(&cli, &["run", "--krm", "-e", "=x", &image]);
     assert_eq!(out.code, Some(2), "{}", out.describe());
     assert!(
         out.stderr.contains("the name is empty"),
@@ -434,11 +427,7 @@ fn mounts_are_read_only_unless_rw_and_checked_strictly() {
     let data = data_dir(&cli);
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o777)).expect("chmod");
     let ro = format!("type=bind,src={},dst=/data", data.display());
-    let out = cli.run(
-        &["run", "--krm", "--mount", &ro, &image],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let out = krm_ok(&cli, &["run", "--krm", "--mount", &ro, &image]);
     // nobody: 65534 of the root runner's range.
     assert_eq!(
         krm::last_message(&out.stdout),
@@ -447,16 +436,15 @@ fn mounts_are_read_only_unless_rw_and_checked_strictly() {
     assert!(!data.join("written").exists());
     // Writable, and given relative to the current directory (kustomize's
     // working directory for exec functions).
-    let out = cli.run(
+    let out = krm_ok(
+        &cli,
         &[
             "run",
             "--mount",
             "type=bind,src=data,dst=/data,rw=true",
             &image,
         ],
-        Some(RESOURCE_LIST.as_bytes()),
     );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
     assert_eq!(
         krm::last_message(&out.stdout),
         "read=hi write=ok id=65534:65534"
@@ -498,10 +486,7 @@ fn mounts_are_read_only_unless_rw_and_checked_strictly() {
             "rw is \"1\"",
         ),
     ] {
-        let out = cli.run(
-            &["run", "--krm", "--mount", &spec, &image],
-            Some(RESOURCE_LIST.as_bytes()),
-        );
+        let out = krm_run(&cli, &["run", "--krm", "--mount", &spec, &image]);
         assert_eq!(out.code, Some(2), "{spec}: {}", out.describe());
         assert!(out.stderr.contains(want), "{spec}: {}", out.describe());
         assert!(out.stdout.is_empty(), "{}", out.describe());
@@ -513,10 +498,7 @@ fn mounts_are_read_only_unless_rw_and_checked_strictly() {
     std::fs::create_dir(private.join("data")).expect("mkdir");
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
     let spec = format!("type=bind,src={}/data,dst=/data", private.display());
-    let out = cli.run(
-        &["run", "--krm", "--mount", &spec, &image],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
+    let out = krm_run(&cli, &["run", "--krm", "--mount", &spec, &image]);
     assert_eq!(out.code, Some(1), "{}", out.describe());
     assert!(
         out.stderr.contains("cannot reach the source") && out.stderr.contains("EACCES"),
@@ -534,21 +516,16 @@ fn as_current_user_writes_as_the_caller() {
     let data = data_dir(&cli);
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let rw = format!("type=bind,src={},dst=/data,rw=true", data.display());
-    let out = cli.run(
-        &["run", "--krm", "--mount", &rw, &image],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let out = krm_ok(&cli, &["run", "--krm", "--mount", &rw, &image]);
     assert!(
         krm::last_message(&out.stdout).contains("write=refused"),
         "{}",
         out.describe()
     );
-    let out = cli.run(
+    let out = krm_ok(
+        &cli,
         &["run", "--krm", "--as-current-user", "--mount", &rw, &image],
-        Some(RESOURCE_LIST.as_bytes()),
     );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
     // The caller, root, is mapped one past the range: 65536 inside.
     assert_eq!(
         krm::last_message(&out.stdout),
@@ -565,21 +542,13 @@ fn network_is_off_unless_asked() {
     let server = PongServer::start();
     let cli = Cli::new().expect("cli");
     let dial = format!("dial=127.0.0.1:{}", server.port());
-    let out = cli.run(
-        &["run", &image, "-", "--", &dial],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let out = krm_ok(&cli, &["run", &image, "-", "--", &dial]);
     assert!(
         result_starting(&out.stdout, "dial ").ends_with(": failed"),
         "{}",
         out.describe()
     );
-    let out = cli.run(
-        &["run", "--network", &image, "-", "--", &dial],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let out = krm_ok(&cli, &["run", "--network", &image, "-", "--", &dial]);
     assert!(
         result_starting(&out.stdout, "dial ").ends_with(": connected"),
         "{}",
@@ -637,15 +606,15 @@ fn rootless_krm_runs_as_the_callers_one_id() {
         let mut args = vec!["run", "--krm", "--mount", &rw];
         args.extend(extra);
         args.push(&probe);
-        let out = cli.run(&args, Some(RESOURCE_LIST.as_bytes()));
-        assert_eq!(out.code, Some(0), "{}", out.describe());
+        let out = krm_ok(&cli, &args);
         assert_eq!(krm::last_message(&out.stdout), "read=hi write=ok id=0:0");
         let written = std::fs::metadata(data.join("written")).expect("written");
         assert_eq!((written.uid(), written.gid()), (user.uid, user.gid));
         std::fs::remove_file(data.join("written")).expect("rm");
     }
     let dial = format!("dial=127.0.0.1:{}", server.port());
-    let out = cli.run(
+    let out = krm_ok(
+        &cli,
         &[
             "run",
             "--network",
@@ -656,9 +625,7 @@ fn rootless_krm_runs_as_the_callers_one_id() {
             "value=web",
             &dial,
         ],
-        Some(RESOURCE_LIST.as_bytes()),
     );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
     assert_eq!(
         labels(&out.stdout, "app"),
         [Some("web".into()), Some("web".into())]
@@ -668,11 +635,7 @@ fn rootless_krm_runs_as_the_callers_one_id() {
         "{}",
         out.describe()
     );
-    let out = cli.run(
-        &["run", &go_image, "-", "--", &dial],
-        Some(RESOURCE_LIST.as_bytes()),
-    );
-    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let out = krm_ok(&cli, &["run", &go_image, "-", "--", &dial]);
     assert!(
         result_starting(&out.stdout, "dial ").ends_with(": failed"),
         "{}",
