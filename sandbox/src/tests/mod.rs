@@ -209,6 +209,42 @@ fn chown_tree(path: &Path, uid: u32, gid: u32) {
     }
 }
 
+/// The rootless part of a test: run in a child process as `nobody`. In
+/// that child (`child_env` set) it runs `child`; as root it runs the test
+/// `test` of this binary again as `nobody` (uid and gid 65534, no groups,
+/// no capabilities) and returns the child's output once it passed;
+/// otherwise the test is skipped (`None`).
+fn rootless_part(test: &str, child_env: &str, child: impl FnOnce()) -> Option<String> {
+    if std::env::var_os(child_env).is_some() {
+        child();
+        return None;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: runs the rootless part as nobody, which needs root");
+        return None;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(child_env, "1")
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the rootless part failed:\n{all}");
+    Some(all)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

@@ -244,39 +244,13 @@ const ROOTLESS_CHILD: &str = "FNRUN_SANDBOX_TEST_ROOTLESS_CHILD";
 /// (uid 65534), where it takes the child's part.
 #[test]
 fn service_runs_work_for_a_rootless_runner() {
-    if std::env::var_os(ROOTLESS_CHILD).is_some() {
-        return rootless_child();
+    if let Some(all) = super::rootless_part(
+        "tests::service::service_runs_work_for_a_rootless_runner",
+        ROOTLESS_CHILD,
+        rootless_child,
+    ) {
+        assert!(all.contains("rootless service echoed"), "{all}");
     }
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: runs the rootless part as nobody, which needs root");
-        return;
-    }
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--",
-        ])
-        .arg(exe)
-        .args([
-            "--exact",
-            "tests::service::service_runs_work_for_a_rootless_runner",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ROOTLESS_CHILD, "1")
-        .output()
-        .unwrap();
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "the rootless part failed:\n{all}");
-    assert!(all.contains("rootless service echoed"), "{all}");
 }
 
 fn rootless_child() {
