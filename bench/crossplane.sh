@@ -86,17 +86,9 @@ leaf client clientAuth "DNS:crossplane"
 leaf server serverAuth "DNS:function-label,DNS:function-label.crossplane-system,IP:127.0.0.1"
 cp "$C/server.crt" "$C/server/tls.crt"; cp "$C/server.key" "$C/server/tls.key"; cp "$C/ca.crt" "$C/server/ca.crt"
 
-{
-  echo "{"
-  echo "  \"date\": \"$(date -u +%FT%TZ)\","
-  echo "  \"nproc\": $(nproc),"
-  echo "  \"kernel\": \"$(uname -r)\","
-  echo "  \"cpu\": \"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')\","
-  echo "  \"loadavg_start\": \"$(cut -d' ' -f1-3 /proc/loadavg)\","
-  echo "  \"fnrun_commit\": \"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\""
-  echo "}"
-} > "$OUT/machine.json"
-cat "$OUT/machine.json" >&2
+# shellcheck source=bench/machine.sh
+. "$ROOT/bench/machine.sh"
+machine_json "$OUT/machine.json" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 FNRUN=$FNRUN FN_BIN=$FN_BIN CLIENT_BIN=$CLIENT_BIN LAYOUT=$LAYOUT WORK=$WORK OUT=$OUT \
   REQUEST=$ROOT/tests/data/crossplane/run_function_request.yaml \

@@ -61,20 +61,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-{
-  echo "{"
-  echo "  \"date\": \"$(date -u +%FT%TZ)\","
-  echo "  \"nproc\": $(nproc),"
-  echo "  \"kernel\": \"$(uname -r)\","
-  echo "  \"cpu\": \"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')\","
-  echo "  \"cgroup\": \"$( [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] && echo v2 || echo v1)\","
-  echo "  \"loadavg_start\": \"$(cut -d' ' -f1-3 /proc/loadavg)\","
-  echo "  \"fnrun_commit\": \"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\","
-  echo "  \"runc\": \"$(runc --version | head -1)\","
-  echo "  \"hyperfine\": \"$(hyperfine --version)\""
-  echo "}"
-} > "$OUT/machine.json"
-cat "$OUT/machine.json" >&2
+# shellcheck source=bench/machine.sh
+. "$ROOT/bench/machine.sh"
+machine_json "$OUT/machine.json" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  runc "$(runc --version | head -1)" hyperfine "$(hyperfine --version)"
 
 log "the function: busybox cat (umoci), a ResourceList, a source directory"
 # shellcheck source=bench/cat_image.sh
