@@ -205,6 +205,14 @@ pub fn krm_function() -> Result<crate::image::TestImage> {
         .entrypoint(["/usr/local/bin/krmfn"]))
 }
 
+/// [`krm_function`] pushed to `registry` as `fns/krmfn:v1`, its reference;
+/// panics if it cannot be built.
+pub fn push_krm_function(registry: &crate::registry::Registry) -> String {
+    krm_function()
+        .expect("the Go KRM function builds")
+        .push_to(registry, "fns/krmfn:v1")
+}
+
 /// `name` on `PATH`, else the first of `fallbacks` that exists.
 pub fn find_program(name: &str, fallbacks: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();

@@ -60,9 +60,7 @@ fn plain(log: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evaluate_function_returns_the_output_and_the_log() {
     let registry = Registry::start().expect("registry starts");
-    let image = go::krm_function()
-        .expect("the Go KRM function builds")
-        .push_to(&registry, "fns/krmfn:v1");
+    let image = go::push_krm_function(&registry);
     let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
     let channel = daemon.channel().await.expect("connects");
     let out = evaluate(
@@ -104,9 +102,7 @@ async fn evaluate_function_returns_the_output_and_the_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_reported_as_porchs_runner_reports_them() {
     let registry = Registry::start().expect("registry starts");
-    let image = go::krm_function()
-        .expect("the Go KRM function builds")
-        .push_to(&registry, "fns/krmfn:v1");
+    let image = go::push_krm_function(&registry);
     let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
     let channel = daemon.channel().await.expect("connects");
     let call = |image: String, tag: &'static str, input: String| {
@@ -378,9 +374,7 @@ async fn allowed_registries_prefetch_and_reflection() {
 #[tokio::test(flavor = "multi_thread")]
 async fn grpc_go_evaluates_two_functions_at_once_root_and_rootless() {
     let registry = Registry::start().expect("registry starts");
-    let krmfn = go::krm_function()
-        .expect("the Go KRM function builds")
-        .push_to(&registry, "fns/krmfn:v1");
+    let krmfn = go::push_krm_function(&registry);
     let slow_a = versioned("a", 2).push_to(&registry, "fns/slow-a:v1");
     let slow_b = versioned("b", 2).push_to(&registry, "fns/slow-b:v1");
     for user in root_and_rootless("grpc_go_evaluates_two_functions_at_once_root_and_rootless") {

@@ -29,9 +29,7 @@ use fnrun_tests::registry::Registry;
 /// The Go KRM function in a fresh registry, and a cache dir for fnrun.
 fn setup() -> (Registry, String, tempfile::TempDir) {
     let registry = Registry::start().expect("registry starts");
-    let image = go::krm_function()
-        .expect("the Go KRM function builds")
-        .push_to(&registry, "fns/krmfn:v1");
+    let image = go::push_krm_function(&registry);
     let dir = tempfile::Builder::new()
         .prefix("fnrun-krm-exec-")
         .tempdir()

@@ -39,13 +39,6 @@ fn krm_ok(cli: &Cli, args: &[&str]) -> Finished {
     out
 }
 
-/// The Go KRM function, pushed to `registry`.
-fn krmfn(registry: &Registry) -> String {
-    go::krm_function()
-        .expect("the Go KRM function builds")
-        .push_to(registry, "fns/krmfn:v1")
-}
-
 /// Makes the CLI's scratch dir reachable by a root runner's sandbox (whose
 /// root is an unprivileged host id) and returns it.
 fn shared_scratch(cli: &Cli) -> &Path {
@@ -65,7 +58,7 @@ fn data_dir(cli: &Cli) -> std::path::PathBuf {
 #[test]
 fn krm_run_prints_the_output_resourcelist_and_a_summary() {
     let registry = registry();
-    let image = krmfn(&registry);
+    let image = go::push_krm_function(&registry);
     let cli = Cli::new().expect("cli");
     let input = cli
         .write_file("rl.yaml", with_config("{key: app, value: web}"))
@@ -114,7 +107,7 @@ fn krm_run_prints_the_output_resourcelist_and_a_summary() {
 #[test]
 fn the_function_config_comes_from_key_values_or_a_file() {
     let registry = registry();
-    let image = krmfn(&registry);
+    let image = go::push_krm_function(&registry);
     let cli = Cli::new().expect("cli");
     // kpt's function-input ConfigMap replaces the input's own.
     let out = cli.run(
@@ -184,7 +177,7 @@ fn parse_function_config(yaml: &str) -> serde_norway::Value {
 #[test]
 fn exit_codes_follow_kpt() {
     let registry = registry();
-    let image = krmfn(&registry);
+    let image = go::push_krm_function(&registry);
     let sleeper = fixtures::sleeper(67).push_to(&registry, "fns/sleep:v1");
     let cli = Cli::new().expect("cli");
 
@@ -292,7 +285,7 @@ fn exit_codes_follow_kpt() {
 #[test]
 fn results_dir_gets_kpts_results_yaml() {
     let registry = registry();
-    let image = krmfn(&registry);
+    let image = go::push_krm_function(&registry);
     let cli = Cli::new().expect("cli");
     let dir = cli.scratch().join("results/nested");
     let dir_arg = dir.display().to_string();
@@ -538,7 +531,7 @@ fn as_current_user_writes_as_the_caller() {
 #[test]
 fn network_is_off_unless_asked() {
     let registry = registry();
-    let image = krmfn(&registry);
+    let image = go::push_krm_function(&registry);
     let server = PongServer::start();
     let cli = Cli::new().expect("cli");
     let dial = format!("dial=127.0.0.1:{}", server.port());
@@ -595,7 +588,7 @@ fn rootless_krm_runs_as_the_callers_one_id() {
         return;
     };
     let registry = registry();
-    let go_image = krmfn(&registry);
+    let go_image = go::push_krm_function(&registry);
     let probe = mount_probe(&registry);
     let server = PongServer::start();
     let cli = Cli::as_user(user.clone()).expect("cli");
