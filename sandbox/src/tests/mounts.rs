@@ -213,22 +213,22 @@ async fn an_image_symlink_cannot_take_the_target_out_of_the_run() {
             vec![BindMount::new(&data, target, false).unwrap()],
         );
         let err = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap_err();
-        assert!(
-            matches!(
-                &err,
-                Error::Mount {
-                    errno: nix::errno::Errno::ELOOP,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(
-            err.to_string()
-                .contains(&format!("on {target}: a component")),
-            "{err}"
+        assert_mount_error(
+            &err,
+            nix::errno::Errno::ELOOP,
+            &format!("on {target}: a component"),
         );
     }
+}
+
+/// `err` is a mount that failed with `errno`, and says `says`.
+#[track_caller]
+fn assert_mount_error(err: &Error, errno: nix::errno::Errno, says: &str) {
+    assert!(
+        matches!(err, Error::Mount { errno: e, .. } if *e == errno),
+        "{err}"
+    );
+    assert!(err.to_string().contains(says), "{err}");
 }
 
 #[tokio::test]
@@ -243,20 +243,10 @@ async fn a_source_replaced_after_it_was_resolved_is_refused() {
         .run(&with_mounts(&fx, "true", vec![mount.clone()]), b"", TIMEOUT)
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            Error::Mount {
-                errno: nix::errno::Errno::ESTALE,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(
-        err.to_string()
-            .contains("no longer the file fnrun resolved"),
-        "{err}"
+    assert_mount_error(
+        &err,
+        nix::errno::Errno::ESTALE,
+        "no longer the file fnrun resolved",
     );
     // A symlink in its place is not followed.
     std::fs::remove_file(data.join("hello")).unwrap();
@@ -267,17 +257,7 @@ async fn a_source_replaced_after_it_was_resolved_is_refused() {
         .run(&with_mounts(&fx, "true", vec![mount]), b"", TIMEOUT)
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            Error::Mount {
-                errno: nix::errno::Errno::ELOOP,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert!(err.to_string().contains("became a symlink"), "{err}");
+    assert_mount_error(&err, nix::errno::Errno::ELOOP, "became a symlink");
 }
 
 /// A privileged runner maps the caller one past its range: the function runs
