@@ -42,13 +42,9 @@ CLIENT_BIN=$(newest crossplaneclient)
 [ -x "$FN_BIN" ] && [ -x "$CLIENT_BIN" ] || { echo "Go programs not found under $TOOLS" >&2; exit 1; }
 
 mkdir -p "$OUT"
-WORK=$(mktemp -d /tmp/fnrun-bench-xp.XXXXXX)
-chmod 0755 "$WORK"
-cleanup() {
-  chmod -R u+rwX "$WORK" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=bench/common.sh
+. "$ROOT/bench/common.sh"
+work_dir fnrun-bench-xp
 
 log "the function image (the Go function, as its tests package it) and certificates"
 LAYOUT=$WORK/layout
@@ -86,8 +82,6 @@ leaf client clientAuth "DNS:crossplane"
 leaf server serverAuth "DNS:function-label,DNS:function-label.crossplane-system,IP:127.0.0.1"
 cp "$C/server.crt" "$C/server/tls.crt"; cp "$C/server.key" "$C/server/tls.key"; cp "$C/ca.crt" "$C/server/ca.crt"
 
-# shellcheck source=bench/machine.sh
-. "$ROOT/bench/machine.sh"
 machine_json "$OUT/machine.json" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 FNRUN=$FNRUN FN_BIN=$FN_BIN CLIENT_BIN=$CLIENT_BIN LAYOUT=$LAYOUT WORK=$WORK OUT=$OUT \

@@ -50,19 +50,10 @@ FNRUN=$CARGO_TARGET_DIR/release/fnrun
 LOADGEN=$CARGO_TARGET_DIR/release/fnrun-loadgen
 
 mkdir -p "$OUT"
-WORK=$(mktemp -d /tmp/fnrun-krm-bench.XXXXXX)
-# Searchable by the sandbox's mapped ids (the cache and the mount live below).
-chmod 0755 "$WORK"
-DAEMON_PID=""
-cleanup() {
-  [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
-  chmod -R u+rwX "$WORK" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=bench/common.sh
+. "$ROOT/bench/common.sh"
+work_dir fnrun-krm-bench
 
-# shellcheck source=bench/machine.sh
-. "$ROOT/bench/machine.sh"
 machine_json "$OUT/machine.json" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
   runc "$(runc --version | head -1)" hyperfine "$(hyperfine --version)"
 

@@ -71,21 +71,11 @@ FNRUN=$CARGO_TARGET_DIR/release/fnrun
 LOADGEN=$CARGO_TARGET_DIR/release/fnrun-loadgen
 
 mkdir -p "$OUT"
-WORK=$(mktemp -d /tmp/fnrun-bench.XXXXXX)
-# Searchable by the sandbox's mapped ids (the cache lives below it).
-chmod 0755 "$WORK"
-DAEMON_PID=""; REGISTRY_PID=""
-cleanup() {
-  [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
-  [ -n "$REGISTRY_PID" ] && kill "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null || true
-  chmod -R u+rwX "$WORK" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=bench/common.sh
+. "$ROOT/bench/common.sh"
+work_dir fnrun-bench
 
 # ---------------------------------------------------------------- machine
-# shellcheck source=bench/machine.sh
-. "$ROOT/bench/machine.sh"
 machine_json "$OUT/machine.json" \
   "${FNRUN_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
   runc "$(runc --version | head -1)" hyperfine "$(hyperfine --version)"

@@ -12,16 +12,9 @@ cargo build --release -q --manifest-path "$ROOT/Cargo.toml" -p fnrun-bench
 LOADGEN=$CARGO_TARGET_DIR/release/fnrun-loadgen
 command -v umoci >/dev/null || { echo "$0: needs umoci (bench/run.sh installs it)" >&2; exit 1; }
 
-WORK=$(mktemp -d /tmp/fnrun-warm.XXXXXX)
-# Searchable by the sandbox's mapped ids (the cache lives below).
-chmod 0755 "$WORK"
-DAEMON_PID=""
-cleanup() {
-  [ -n "$DAEMON_PID" ] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
-  chmod -R u+rwX "$WORK" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=bench/common.sh
+. "$ROOT/bench/common.sh"
+work_dir fnrun-warm
 
 # shellcheck source=bench/cat_image.sh
 . "$ROOT/bench/cat_image.sh"

@@ -1,4 +1,28 @@
-# Sourced by the benchmarks: the facts of the machine a run was made on.
+# Sourced by the benchmarks.
+#
+#   work_dir NAME
+#
+# makes $WORK (/tmp/NAME.XXXXXX), searchable by the sandbox's mapped ids
+# (caches and mounts live below it), and on exit stops $DAEMON_PID and
+# $REGISTRY_PID if set, then removes $WORK.
+work_dir() {
+  WORK=$(mktemp -d "/tmp/$1.XXXXXX")
+  chmod 0755 "$WORK"
+  DAEMON_PID=""
+  REGISTRY_PID=""
+  trap bench_cleanup EXIT
+}
+
+bench_cleanup() {
+  local pid
+  for pid in "$DAEMON_PID" "$REGISTRY_PID"; do
+    if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then wait "$pid" 2>/dev/null || true; fi
+  done
+  chmod -R u+rwX "$WORK" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+
+# The facts of the machine a run was made on:
 #
 #   machine_json FILE COMMIT [KEY VALUE]...
 #
