@@ -45,6 +45,7 @@ pub mod image;
 pub mod krm;
 pub mod process;
 pub mod python;
+pub mod reflection;
 pub mod registry;
 pub mod tool_cache;
 pub mod user;

@@ -9,36 +9,10 @@ use fnrun_tests::client::{HEALTH_SERVING, health};
 use fnrun_tests::crossplane::{Call, GoFunction, SAMPLE_REQUEST, Variant};
 use fnrun_tests::daemon::{Daemon, DaemonOpts};
 use fnrun_tests::function_host::{Entry, FunctionHost, HostOpts};
+use fnrun_tests::reflection;
 use fnrun_tests::user::require_root;
 
 const SERVICE_NAME: &str = "apiextensions.fn.proto.v1.FunctionRunnerService";
-
-macro_rules! list_services {
-    ($v:ident, $channel:expr) => {{
-        use tonic_reflection::pb::$v::ServerReflectionRequest;
-        use tonic_reflection::pb::$v::server_reflection_client::ServerReflectionClient;
-        use tonic_reflection::pb::$v::server_reflection_request::MessageRequest;
-        use tonic_reflection::pb::$v::server_reflection_response::MessageResponse;
-
-        let request = ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        };
-        let mut responses = ServerReflectionClient::new($channel)
-            .server_reflection_info(tokio_stream::iter([request]))
-            .await
-            .expect("reflection answers")
-            .into_inner();
-        let mut names = Vec::new();
-        while let Some(response) = responses.message().await.expect("a response") {
-            if let Some(MessageResponse::ListServicesResponse(list)) = response.message_response {
-                names.extend(list.service.into_iter().map(|s| s.name));
-            }
-        }
-        names.sort();
-        names
-    }};
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn health_and_reflection_on_the_functions_listener() {
@@ -89,8 +63,13 @@ async fn health_and_reflection_on_the_functions_listener() {
         "grpc.reflection.v1.ServerReflection",
         "grpc.reflection.v1alpha.ServerReflection",
     ];
-    assert_eq!(list_services!(v1, channel.clone()), wanted);
-    assert_eq!(list_services!(v1alpha, channel), wanted);
+    for (mut names, _) in [
+        reflection::v1(channel.clone(), &[]).await,
+        reflection::v1alpha(channel, &[]).await,
+    ] {
+        names.sort();
+        assert_eq!(names, wanted);
+    }
     tokio::task::spawn_blocking(move || drop(host))
         .await
         .unwrap();

@@ -10,6 +10,7 @@ use fnrun_tests::daemon::{Daemon, DaemonOpts};
 use fnrun_tests::functionio::{SAMPLE, report_script};
 use fnrun_tests::image::TestImage;
 use fnrun_tests::process::spawners_of;
+use fnrun_tests::reflection;
 use fnrun_tests::registry::{Registry, free_port, http_get};
 use tonic::Code;
 
@@ -60,58 +61,14 @@ async fn a_call_beyond_concurrency_and_queue_is_refused_at_once() {
         .expect("the first call still completes");
 }
 
-/// Asks the daemon's reflection service, in the version of module `$v`, for
-/// its services and for the file that defines `SERVICE_NAME`; returns the
-/// service names and that file's descriptor.
-macro_rules! reflect {
-    ($v:ident, $channel:expr) => {{
-        use prost::Message;
-        use tonic_reflection::pb::$v::ServerReflectionRequest;
-        use tonic_reflection::pb::$v::server_reflection_client::ServerReflectionClient;
-        use tonic_reflection::pb::$v::server_reflection_request::MessageRequest;
-        use tonic_reflection::pb::$v::server_reflection_response::MessageResponse;
-
-        let mut client = ServerReflectionClient::new($channel);
-        let requests = [
-            MessageRequest::ListServices(String::new()),
-            MessageRequest::FileContainingSymbol(SERVICE_NAME.to_owned()),
-        ]
-        .map(|request| ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(request),
-        });
-        let mut responses = client
-            .server_reflection_info(tokio_stream::iter(requests))
-            .await
-            .expect(concat!("reflection ", stringify!($v), " answers"))
-            .into_inner();
-        let mut names = Vec::new();
-        let mut files = Vec::new();
-        while let Some(response) = responses.message().await.expect("a response") {
-            match response.message_response {
-                Some(MessageResponse::ListServicesResponse(list)) => {
-                    names.extend(list.service.into_iter().map(|s| s.name));
-                }
-                Some(MessageResponse::FileDescriptorResponse(fd)) => {
-                    files.extend(fd.file_descriptor_proto.iter().map(|bytes| {
-                        prost_types::FileDescriptorProto::decode(bytes.as_slice())
-                            .expect("a file descriptor")
-                    }));
-                }
-                other => panic!("unexpected reflection response {other:?}"),
-            }
-        }
-        (names, files)
-    }};
-}
-
 // Several threads: the client's connection must close while the test
 // thread waits for the daemon to drain and stop.
 #[tokio::test(flavor = "multi_thread")]
 async fn reflection_v1_and_v1alpha_list_the_services_and_give_their_files() {
     let daemon = Daemon::start(DaemonOpts::default()).expect("fnrun serve starts");
-    let v1 = reflect!(v1, daemon.channel().await.expect("connects"));
-    let v1alpha = reflect!(v1alpha, daemon.channel().await.expect("connects"));
+    let v1 = reflection::v1(daemon.channel().await.expect("connects"), &[SERVICE_NAME]).await;
+    let v1alpha =
+        reflection::v1alpha(daemon.channel().await.expect("connects"), &[SERVICE_NAME]).await;
     for (version, (names, files)) in [("v1", v1), ("v1alpha", v1alpha)] {
         for service in [
             SERVICE_NAME,

@@ -311,38 +311,8 @@ async fn allowed_registries_prefetch_and_reflection() {
     assert_eq!(krm::last_message(&text(&out.resource_list)), "v1");
 
     // Reflection lists the service and gives its file.
-    use prost::Message;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    let requests = [
-        MessageRequest::ListServices(String::new()),
-        MessageRequest::FileContainingSymbol(fnrun_api::evaluator::SERVICE_NAME.to_owned()),
-    ]
-    .map(|request| ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(request),
-    });
-    let mut responses = ServerReflectionClient::new(channel)
-        .server_reflection_info(tokio_stream::iter(requests))
-        .await
-        .expect("reflection answers")
-        .into_inner();
-    let (mut names, mut files) = (Vec::new(), Vec::new());
-    while let Some(response) = responses.message().await.expect("a response") {
-        match response.message_response {
-            Some(MessageResponse::ListServicesResponse(list)) => {
-                names.extend(list.service.into_iter().map(|s| s.name));
-            }
-            Some(MessageResponse::FileDescriptorResponse(fd)) => {
-                files.extend(fd.file_descriptor_proto.iter().map(|bytes| {
-                    prost_types::FileDescriptorProto::decode(bytes.as_slice()).expect("a file")
-                }));
-            }
-            other => panic!("unexpected reflection response {other:?}"),
-        }
-    }
+    let (names, files) =
+        fnrun_tests::reflection::v1(channel, &[fnrun_api::evaluator::SERVICE_NAME]).await;
     assert!(
         names
             .iter()
