@@ -24,7 +24,11 @@ pub use rewrite::Rewriter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
-/// How much is read from the socket at a time.
+/// How much is read from the socket at a time. A `poll_read` reads until it
+/// has something to hand over: at most one header block
+/// ([`rewrite::MAX_BLOCK`]) and the frame headers around it, then rewrites
+/// that block in time linear in its size; reads past that are DATA and other
+/// frames, which go through as they come.
 const READ_CHUNK: usize = 16 << 10;
 
 /// A unix connection whose readers see every request's `:authority` made
@@ -78,9 +82,11 @@ impl<IO: AsyncRead + Unpin> AsyncRead for NormalizeAuthority<IO> {
                 buf.put_slice(&this.output.split_to(n));
                 return Poll::Ready(Ok(()));
             }
-            if this.eof {
+            if this.eof || this.rewriter.refusal().is_some() {
                 // An incomplete frame left at the end is dropped: the server
-                // sees the connection end between frames.
+                // sees the connection end between frames. After a refusal,
+                // handed over above, the server has its error: it sees the
+                // end, and nothing more is read from the client.
                 return Poll::Ready(Ok(()));
             }
             this.input.reserve(READ_CHUNK);
@@ -93,10 +99,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for NormalizeAuthority<IO> {
                 this.eof = true;
                 continue;
             }
-            let refused = this.rewriter.refusal().is_some();
             this.rewriter.feed(&mut this.input, &mut this.output);
             this.log();
-            if let (false, Some(why)) = (refused, this.rewriter.refusal()) {
+            if let Some(why) = this.rewriter.refusal() {
                 tracing::debug!("unix connection: {why}; the server ends it");
             }
         }

@@ -22,30 +22,9 @@ use oracle::{Seen, serve};
 
 use super::rewrite::{
     LOCALHOST, MAX_BLOCK, MAX_HEADER_LIST, Refusal, Rewriter, SERVER_HEADER_TABLE_SIZE,
+    rewrite_chunked,
 };
 use super::*;
-
-/// Runs `input` through a fresh rewriter, fed in chunks of the given sizes
-/// (cycled; one chunk if empty).
-fn rewrite_chunked(input: &[u8], chunks: &[usize]) -> (Vec<u8>, Rewriter) {
-    let mut rewriter = Rewriter::new();
-    let mut pending = BytesMut::new();
-    let mut out = BytesMut::new();
-    let mut rest = input;
-    let mut sizes = chunks.iter().copied().filter(|&c| c > 0).cycle();
-    while !rest.is_empty() {
-        let n = sizes.next().unwrap_or(rest.len()).min(rest.len());
-        pending.extend_from_slice(&rest[..n]);
-        rest = &rest[n..];
-        rewriter.feed(&mut pending, &mut out);
-        assert!(
-            pending.len() <= MAX_BLOCK + 2 * 9 + n,
-            "holds {} bytes",
-            pending.len()
-        );
-    }
-    (out.to_vec(), rewriter)
-}
 
 /// Runs consecutive pieces of one connection through one rewriter, each fed
 /// in chunks of the first size in `chunks` (whole if none); returns what it
@@ -493,5 +472,92 @@ fn tonics_server_advertises_no_larger_header_table() {
             }
         }
         serving.abort();
+    });
+}
+
+/// The reproducer: a block of literals with empty Huffman-coded
+/// names and values (`00 80 80`), as large as a block may be. The rewriter
+/// stops at the header list's limit, a few KiB in: the index 0 at the end of
+/// the block, which it would find if it went on, is never reached.
+#[test]
+fn a_block_is_refused_at_the_first_limit_it_exceeds() {
+    let fields = (MAX_BLOCK - 1) / 3;
+    let mut block = [0x00, 0x80, 0x80].repeat(fields);
+    block.push(0x80);
+    assert!(block.len() <= MAX_BLOCK);
+    let end = Framing {
+        end_stream: true,
+        cuts: vec![16_000, 32_000, 48_000, 64_000, 80_000, 96_000, 112_000],
+        ..Framing::default()
+    };
+    assert_refused(|i| headers(i, 3, &block, &end), Refusal::ListTooLarge);
+}
+
+/// Many small Huffman-coded fields in one block, each as large as a block may
+/// weigh: every field reaches h2, in order, from a connection of many such
+/// requests.
+#[test]
+fn many_huffman_coded_fields_go_through() {
+    let per_request = (MAX_HEADER_LIST - 200) / (b"user-agent".len() + 32);
+    let mut input = preface();
+    for i in 0..4u32 {
+        let mut block = Vec::new();
+        // :method POST, :scheme http, :path /a.S/M, :authority a unix path.
+        block.extend_from_slice(&[0x83, 0x86, 0x44, 0x06]);
+        block.extend_from_slice(b"/a.S/M");
+        client::integer(&mut block, 4, 0x00, 1);
+        client::integer(&mut block, 7, 0, 12);
+        block.extend_from_slice(b"/tmp/fn.sock");
+        for _ in 0..per_request {
+            // user-agent (static 58), without indexing, an empty Huffman value.
+            block.extend_from_slice(&[0x0f, 0x2b, 0x80]);
+        }
+        let framing = Framing {
+            end_stream: true,
+            ..Framing::default()
+        };
+        headers(&mut input, 1 + 2 * i, &block, &framing);
+    }
+    let (out, rewriter) = rewrite_chunked(&input, &[1000]);
+    assert_eq!(rewriter.refusal(), None);
+    let outcome = serve(vec![out]);
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    let agents = vec![("user-agent", ""); per_request];
+    assert_eq!(
+        outcome.requests,
+        vec![seen(Some("localhost"), "/a.S/M", &agents); 4]
+    );
+}
+
+/// Once a block is refused, the server reads the refusal, then the end of
+/// the connection: nothing more the client sends is read or held.
+#[test]
+fn after_a_refusal_the_server_reads_the_end() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let mut server = NormalizeAuthority::new(server);
+        let mut input = preface();
+        headers(&mut input, 1, &[0x80], &Framing::default());
+        client.write_all(&input).await.expect("write");
+        // More, and the client never ends its side.
+        client.write_all(&[0; 64 << 10]).await.expect("write");
+        let mut read = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            server.read_to_end(&mut read),
+        )
+        .await
+        .expect("the end, while the client is still there")
+        .expect("read");
+        let refusal = [0, 0, 1, 0x1, 0x4, 0, 0, 0, 1, 0x80];
+        assert!(read.ends_with(&refusal), "{read:?}");
+        assert_eq!(read.len(), preface().len() + refusal.len());
+        assert_eq!(server.rewriter.refusal(), Some(Refusal::Hpack));
+        drop(client);
     });
 }

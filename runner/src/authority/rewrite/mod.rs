@@ -1,7 +1,6 @@
 //! The rewriter: reads what a client sends on one HTTP/2 connection and gives
-//! back the same bytes, except that every header block is decoded and encoded
-//! again with an `:authority` that is not a URI authority replaced by
-//! [`LOCALHOST`].
+//! back the same bytes, except that in every header block an `:authority`
+//! that is not a URI authority is replaced by [`LOCALHOST`].
 //!
 //! It does no I/O: [`Rewriter::feed`] takes the bytes read so far and appends
 //! what the server should read. Only header blocks change: the connection
@@ -10,13 +9,18 @@
 //! other check stays the server's.
 //!
 //! HPACK state: a header block may use the client's dynamic table, so every
-//! block (a request's headers and its trailers alike) goes through one decoder
-//! that follows the client's encoder, and comes out of one encoder whose
-//! output the server's decoder follows. That encoder keeps no dynamic table: it
-//! refers only to the static table, so it can never disagree with the server
-//! about what an index means, whatever table size the server keeps. The
-//! client's dynamic table size updates are its decoder's business and are not
-//! passed on.
+//! block (a request's headers and its trailers alike) goes through one
+//! [`hpack::Hpack`] that follows the client's table, and comes out referring
+//! to no dynamic table at all (see [`hpack`]), so it can never disagree with
+//! the server about what an index means, whatever table size the server
+//! keeps. The client's dynamic table size updates are followed and not passed
+//! on.
+//!
+//! Work is linear in what the client sends and stops at the first limit: a
+//! block is held up to [`MAX_BLOCK`] bytes and refused as soon as its frames
+//! would pass it; its fields are read once, Huffman strings through a static
+//! table ([`huffman`]), and the block is refused at the first field that takes
+//! the list past [`MAX_HEADER_LIST`] or does not decode.
 //!
 //! What the rewriter cannot decode it does not pass on either: the server would
 //! decode the raw block against a table that is no longer the client's. It
@@ -25,8 +29,11 @@
 //! it would have for the client's own bad block, and drops the rest of the
 //! input.
 
+mod hpack;
+mod huffman;
+
 use bytes::{Buf, BufMut, BytesMut};
-use loona_hpack::{Decoder, Encoder};
+use hpack::Hpack;
 
 /// What replaces an `:authority` that is not a URI authority (a unix socket
 /// path, percent-encoded or not, or an abstract socket name): the name that
@@ -120,9 +127,10 @@ struct Block {
 /// The rewriter of one connection (see the module documentation).
 pub struct Rewriter {
     state: State,
-    decoder: Decoder<'static>,
-    encoder: Encoder<'static>,
+    hpack: Hpack,
     block: Option<Block>,
+    /// The block being written, reused.
+    encoded: Vec<u8>,
     /// Every `:authority` value replaced so far, for the caller to log; the
     /// caller takes them.
     replaced: Vec<Vec<u8>>,
@@ -136,17 +144,11 @@ impl Default for Rewriter {
 
 impl Rewriter {
     pub fn new() -> Self {
-        let mut decoder = Decoder::new();
-        decoder.set_max_allowed_table_size(SERVER_HEADER_TABLE_SIZE);
-        let mut encoder = Encoder::new();
-        // No dynamic table: an entry the encoder adds is evicted at once, so it
-        // only ever refers to the static table.
-        encoder.set_max_table_size(0);
         Rewriter {
             state: State::Preface(0),
-            decoder,
-            encoder,
+            hpack: Hpack::new(),
             block: None,
+            encoded: Vec::new(),
             replaced: Vec::new(),
         }
     }
@@ -285,72 +287,19 @@ impl Rewriter {
         true
     }
 
-    /// Decodes a whole header block and writes it again, with its authority
-    /// made valid, as HEADERS and CONTINUATION frames.
+    /// Rewrites a whole header block (see [`hpack`]) and writes it out as
+    /// HEADERS and CONTINUATION frames.
     fn rewrite(&mut self, block: &Block, out: &mut BytesMut) -> Result<(), Refusal> {
-        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        let mut weight = 0usize;
-        let mut too_large = false;
-        let replaced = &mut self.replaced;
-        self.decoder
-            .decode_with_cb(&block.fragment, |name, value| {
-                // The decoder cannot be stopped: past the limit, only count.
-                weight += name.len() + value.len() + 32;
-                if too_large || weight > MAX_HEADER_LIST {
-                    too_large = true;
-                    return;
-                }
-                let value = if &name[..] == b":authority" && !is_authority(&value[..]) {
-                    replaced.push(value.into_owned());
-                    LOCALHOST.to_vec()
-                } else {
-                    value.into_owned()
-                };
-                fields.push((name.into_owned(), value));
-            })
-            .map_err(|_| Refusal::Hpack)?;
-        if too_large {
-            return Err(Refusal::ListTooLarge);
+        let mut encoded = std::mem::take(&mut self.encoded);
+        encoded.clear();
+        let rewritten = self
+            .hpack
+            .rewrite(&block.fragment, &mut encoded, &mut self.replaced);
+        if rewritten.is_ok() {
+            put_block(block, &encoded, out);
         }
-        let encoded = self
-            .encoder
-            .encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
-
-        let mut first = true;
-        let mut rest = &encoded[..];
-        loop {
-            let (frame_type, mut flags, room) = if first {
-                let mut flags = 0;
-                if block.end_stream {
-                    flags |= flag::END_STREAM;
-                }
-                let priority_len = if block.priority.is_some() {
-                    flags |= flag::PRIORITY;
-                    5
-                } else {
-                    0
-                };
-                (ty::HEADERS, flags, MAX_FRAME_PAYLOAD - priority_len)
-            } else {
-                (ty::CONTINUATION, 0, MAX_FRAME_PAYLOAD)
-            };
-            let n = rest.len().min(room);
-            if n == rest.len() {
-                flags |= flag::END_HEADERS;
-            }
-            let priority = block.priority.filter(|_| first);
-            let payload_len = n + priority.map_or(0, |p| p.len());
-            put_frame_header(out, payload_len, frame_type, flags, block.stream_id);
-            if let Some(priority) = priority {
-                out.put_slice(&priority);
-            }
-            out.put_slice(&rest[..n]);
-            rest = &rest[n..];
-            first = false;
-            if rest.is_empty() {
-                return Ok(());
-            }
-        }
+        self.encoded = encoded;
+        rewritten
     }
 
     /// Hands the server a header block it refuses (so it ends the connection
@@ -365,9 +314,72 @@ impl Rewriter {
     }
 }
 
-/// Whether the server's HTTP stack takes `value` as an `:authority`.
-fn is_authority(value: &[u8]) -> bool {
-    http::uri::Authority::try_from(value).is_ok()
+/// Writes a rewritten block as a HEADERS frame, with the client's priority,
+/// and CONTINUATION frames.
+fn put_block(block: &Block, encoded: &[u8], out: &mut BytesMut) {
+    let mut first = true;
+    let mut rest = encoded;
+    loop {
+        let (frame_type, mut flags, room) = if first {
+            let mut flags = 0;
+            if block.end_stream {
+                flags |= flag::END_STREAM;
+            }
+            let priority_len = if block.priority.is_some() {
+                flags |= flag::PRIORITY;
+                5
+            } else {
+                0
+            };
+            (ty::HEADERS, flags, MAX_FRAME_PAYLOAD - priority_len)
+        } else {
+            (ty::CONTINUATION, 0, MAX_FRAME_PAYLOAD)
+        };
+        let n = rest.len().min(room);
+        if n == rest.len() {
+            flags |= flag::END_HEADERS;
+        }
+        let priority = block.priority.filter(|_| first);
+        let payload_len = n + priority.map_or(0, |p| p.len());
+        put_frame_header(out, payload_len, frame_type, flags, block.stream_id);
+        if let Some(priority) = priority {
+            out.put_slice(&priority);
+        }
+        out.put_slice(&rest[..n]);
+        rest = &rest[n..];
+        first = false;
+        if rest.is_empty() {
+            return;
+        }
+    }
+}
+
+/// Runs one connection's bytes (from the preface on) through a fresh
+/// rewriter, fed in pieces of the sizes in `chunks`, cycled (all at once if
+/// none); returns what the server reads and the rewriter, to ask why it
+/// refused. Panics if the rewriter ever holds more than a block and the frame
+/// headers around it. The entry point of the property tests and of fuzz
+/// targets: this module needs only `bytes`, `http` and `thiserror`, so a fuzz
+/// crate can take it in with `#[path]`.
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn rewrite_chunked(input: &[u8], chunks: &[usize]) -> (Vec<u8>, Rewriter) {
+    let mut rewriter = Rewriter::new();
+    let mut pending = BytesMut::new();
+    let mut out = BytesMut::new();
+    let mut rest = input;
+    let mut sizes = chunks.iter().copied().filter(|&c| c > 0).cycle();
+    while !rest.is_empty() {
+        let n = sizes.next().unwrap_or(rest.len()).min(rest.len());
+        pending.extend_from_slice(&rest[..n]);
+        rest = &rest[n..];
+        rewriter.feed(&mut pending, &mut out);
+        assert!(
+            pending.len() <= MAX_BLOCK + 2 * FRAME_HEADER_LEN + n,
+            "the rewriter holds {} bytes",
+            pending.len()
+        );
+    }
+    (out.to_vec(), rewriter)
 }
 
 /// A HEADERS frame's priority fields and header block fragment; `None` if
