@@ -227,11 +227,29 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
-/// `30s`, `500ms`, `1m`, `1m30s`, `2h`, or plain seconds.
+/// The longest duration a flag or a functions file may give: a year. Longer
+/// ones are refused rather than added to a clock reading, where they would
+/// overflow (`Instant + Duration` panics past the clock's range).
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `30s`, `500ms`, `1m`, `1m30s`, `2h`, or plain seconds; at most
+/// [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?} is not a duration (e.g. 30s, 500ms, 1m)");
+    let too_long = || {
+        format!(
+            "{:?} is longer than a duration may be ({}h)",
+            fnrun_api::text::bounded(s, 64),
+            MAX_DURATION.as_secs() / 3600
+        )
+    };
     if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
+        let d = Duration::from_secs(secs);
+        return if d > MAX_DURATION {
+            Err(too_long())
+        } else {
+            Ok(d)
+        };
     }
     let mut total = Duration::ZERO;
     let mut rest = s.trim();
@@ -257,7 +275,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             _ => return Err(bad()),
         };
         rest = &rest[u_end..];
-        total += Duration::try_from_secs_f64(n * unit).map_err(|_| bad())?;
+        let part = Duration::try_from_secs_f64(n * unit).map_err(|_| too_long())?;
+        total = total
+            .checked_add(part)
+            .filter(|t| *t <= MAX_DURATION)
+            .ok_or_else(too_long)?;
     }
     Ok(total)
 }
@@ -338,6 +360,30 @@ mod tests {
         for bad in ["", "soon", "5x", "s", "-1s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn durations_that_overflow_are_refused() {
+        assert_eq!(parse_duration("8760h").unwrap(), MAX_DURATION);
+        for long in [
+            "18446744073709550000s18446744073709550000s",
+            "18446744073709551615",
+            "1e300s",
+            "8760h1ns",
+            "31536001",
+            "9999999999999999999999999h",
+        ] {
+            let err = parse_duration(long).unwrap_err();
+            assert!(
+                err.contains("is longer than a duration may be (8760h)")
+                    || err.contains("is not a duration"),
+                "{long}: {err}"
+            );
+        }
+        assert_eq!(
+            parse_duration("18446744073709550000s18446744073709550000s").unwrap_err(),
+            "\"18446744073709550000s18446744073709550000s\" is longer than a duration may be (8760h)"
+        );
     }
 
     #[test]

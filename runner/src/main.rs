@@ -80,7 +80,13 @@ fn main() -> ExitCode {
                 let message = error_line(&format!("{e:#}"));
                 tracing::error!("{message}");
                 eprintln!("fnrun: {message}");
-                ExitCode::from(EXIT_FAILED)
+                // A functions file that is not valid is a usage error, as a
+                // bad flag is.
+                if e.chain().any(|c| c.is::<host::catalogue::CatalogueError>()) {
+                    ExitCode::from(EXIT_USAGE)
+                } else {
+                    ExitCode::from(EXIT_FAILED)
+                }
             }
         },
         Command::Run(args) => run(args),
