@@ -26,6 +26,7 @@ pub mod resourcelist;
 pub mod text;
 mod yaml;
 
+pub use yaml::bounds as yaml_bounds;
 pub use yaml::{MAX_MESSAGE, MAX_QUOTED, Quoted, YamlError};
 
 /// Reads a message as another message type with the same wire format, such

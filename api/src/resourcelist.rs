@@ -356,6 +356,21 @@ mod tests {
         assert!(rl.results.is_empty());
     }
 
+    /// Issue 18: a multi-line string is written back as a block scalar, whose
+    /// text held 129 `[` that the old pre-check took for nesting.
+    #[test]
+    fn what_it_accepts_its_own_yaml_passes_too() {
+        let doc = format!(
+            "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n\
+             - {{apiVersion: v1, kind: ConfigMap, metadata: {{name: a}}, data: {{v: \"x\\n{}\"}}}}\n",
+            "[".repeat(129)
+        );
+        let rl = validate_input(doc.as_bytes()).unwrap();
+        let again = rl.to_yaml().unwrap();
+        assert!(again.contains("v: |"), "{again}");
+        assert_eq!(validate_input(again.as_bytes()).unwrap(), rl);
+    }
+
     #[test]
     fn accepts_v1beta1_json_and_kustomizations() {
         let doc = r#"{"apiVersion": "config.kubernetes.io/v1beta1", "kind": "ResourceList",

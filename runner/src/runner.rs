@@ -398,7 +398,16 @@ impl Runner {
     }
 
     async fn run_inner(&self, req: RunRequest) -> Result<RunOutput, RunError> {
-        // Everything about the request is checked before any work starts.
+        // What is cheap to check is checked before admission; decoding the
+        // input is not (its memory is linear in the input, within the YAML
+        // bounds), so it runs inside it, where `--max-concurrency` bounds how
+        // many decode at once. Either way, before any image or sandbox work.
+        if req.timeout.is_zero() {
+            return Err(RequestError::ZeroTimeout.into());
+        }
+        let reference = self.reference(&req.image)?;
+
+        let _slot = self.admit().await?;
         match req.format {
             Format::FunctionIo => {
                 functionio::validate(&req.input).map_err(RunError::InvalidInput)?;
@@ -407,12 +416,6 @@ impl Runner {
                 resourcelist::validate_input(&req.input).map_err(RunError::InvalidResourceList)?;
             }
         }
-        if req.timeout.is_zero() {
-            return Err(RequestError::ZeroTimeout.into());
-        }
-        let reference = self.reference(&req.image)?;
-
-        let _slot = self.admit().await?;
         let _running = Gauge::enter(&self.metrics.in_flight);
 
         let (image, _lease) = self
