@@ -26,6 +26,9 @@ pub enum LogFormat {
     Json,
 }
 
+// Parsed once at start and matched at once: the size of the largest
+// variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the v1alpha1 ContainerizedFunctionRunnerService.
@@ -96,7 +99,9 @@ pub struct SandboxArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to serve on: unix:PATH, unix-abstract:NAME or HOST:PORT. Repeatable.
+    /// Address to serve the runner (v1alpha1) and Porch's evaluator on:
+    /// unix:PATH, unix-abstract:NAME or HOST:PORT. Repeatable; `none` turns
+    /// it off (with `--functions`: only functions are served).
     #[arg(
         long = "listen",
         default_value = "unix-abstract:crossplane/fn/default.sock"
@@ -115,8 +120,14 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// On SIGTERM/SIGINT, how long in-flight runs may take to finish before
-    /// they are killed.
+    /// On SIGTERM/SIGINT, how long health reports NOT_SERVING while new calls
+    /// are still served, before the listeners close (so that Kubernetes and
+    /// load balancers stop sending first); 0: close at once. A second signal
+    /// ends it.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+    /// Once the listeners are closed, how long in-flight runs may take to
+    /// finish before they are killed.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
     /// TLS certificate (PEM) for TCP listeners; unix sockets stay plain.

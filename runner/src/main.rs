@@ -20,6 +20,7 @@ mod reflection;
 mod runner;
 mod serve;
 mod service;
+mod tls_accept;
 mod user;
 
 use std::io::{IsTerminal, Read, Write};

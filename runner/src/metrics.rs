@@ -76,6 +76,8 @@ pub struct Metrics {
     pub queued: AtomicI64,
     /// The function host's (Crossplane v1 functions).
     pub functions: crate::host::FunctionMetrics,
+    /// Refused TLS handshakes.
+    pub tls: crate::tls_accept::HandshakeMetrics,
 }
 
 impl Metrics {
@@ -166,6 +168,7 @@ impl Metrics {
             self.queued.load(Relaxed),
         );
         self.functions.render(&mut out);
+        self.tls.render(&mut out);
         out
     }
 }

@@ -1,15 +1,19 @@
 //! `fnrun serve`: the daemon. One tonic server per listen address, all on one
 //! shared [`Runner`], each serving the v1alpha1 runner and Porch's evaluator
-//! ([`crate::evaluator`]); SIGTERM/SIGINT drain and exit 0.
+//! ([`crate::evaluator`]).
+//!
+//! SIGTERM/SIGINT: health turns NOT_SERVING at once while every listener
+//! keeps serving for `--shutdown-delay`; then the listeners close, in-flight
+//! calls get `--shutdown-grace` to finish, and the daemon exits 0.
 
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use fnrun_api::v1alpha1::containerized_function_runner_service_server::ContainerizedFunctionRunnerServiceServer;
 use futures::TryStreamExt;
 use tokio::sync::watch;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Server;
 
 use crate::authority::NormalizeAuthority;
 use crate::config::ServeArgs;
@@ -18,6 +22,11 @@ use crate::evaluator::EvaluatorService;
 use crate::listen::{ListenAddr, Listener};
 use crate::runner::Admission;
 use crate::service::FunctionRunnerService;
+use crate::tls_accept::{ListenerKind, TlsAccept};
+
+/// The health service names of the two APIs of `--listen`.
+const RUNNER_SERVICE: &str = <ContainerizedFunctionRunnerServiceServer<FunctionRunnerService> as tonic::server::NamedService>::NAME;
+const EVALUATOR_SERVICE: &str = <fnrun_api::evaluator::function_evaluator_server::FunctionEvaluatorServer<EvaluatorService> as tonic::server::NamedService>::NAME;
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -31,12 +40,11 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     // Before anything listens: a SIGTERM or SIGINT that comes as soon as the
     // socket exists must stop the daemon gracefully, not be lost (an inherited
     // SIG_IGN, as in a non-interactive shell's background job) or kill it.
-    let signals = Signals::install()?;
-    let addrs: Vec<ListenAddr> = args
-        .listen
-        .iter()
-        .map(|a| a.parse())
-        .collect::<anyhow::Result<_>>()?;
+    let mut signals = Signals::install()?;
+    let addrs = listen_addrs(&args.listen, args.functions.enabled())?;
+    if addrs.is_empty() {
+        tracing::info!("the runner's listener is off (--listen none): only functions are served");
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let admission = Admission {
         max_concurrency: args.max_concurrency.unwrap_or(4 * cores),
@@ -87,24 +95,19 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(128 << 20);
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<ContainerizedFunctionRunnerServiceServer<FunctionRunnerService>>()
-        .await;
-    health_reporter
-        .set_serving::<fnrun_api::evaluator::function_evaluator_server::FunctionEvaluatorServer<EvaluatorService>>()
-        .await;
+    for service in [RUNNER_SERVICE, EVALUATOR_SERVICE] {
+        health_reporter
+            .set_service_status(service, tonic_health::ServingStatus::Serving)
+            .await;
+    }
 
-    let tls = tls_config(&args)?;
+    let tls = tls_accept(&args, runner.metrics().clone())?;
     let mut servers = Vec::new();
     let mut socket_files = Vec::new();
     for addr in &addrs {
         let listener = addr.bind(args.socket_mode)?;
         tracing::info!(address = %addr, "listening");
-        let mut builder = Server::builder();
-        if let (Listener::Tcp(_), Some(tls)) = (&listener, &tls) {
-            builder = builder.tls_config(tls.clone()).context("configure TLS")?;
-        }
-        let router = builder
+        let router = Server::builder()
             .layer(DeadlineLayer)
             .add_service(health.clone())
             .add_service(reflection_v1.clone())
@@ -120,9 +123,19 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
                 let incoming = UnixListenerStream::new(l).map_ok(NormalizeAuthority::new);
                 tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
             }
-            Listener::Tcp(l) => tokio::spawn(
-                router.serve_with_incoming_shutdown(TcpListenerStream::new(l), shutdown),
-            ),
+            Listener::Tcp(l) => match &tls {
+                Some(tls) => {
+                    let (tx, rx) = tokio::sync::mpsc::channel(64);
+                    tokio::spawn(tls.clone().run(l, tx, |tls| tls));
+                    tokio::spawn(router.serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::ReceiverStream::new(rx),
+                        shutdown,
+                    ))
+                }
+                None => tokio::spawn(
+                    router.serve_with_incoming_shutdown(crate::listen::tcp_incoming(l), shutdown),
+                ),
+            },
         });
     }
 
@@ -135,14 +148,30 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await?;
 
-    let signal = signals.first().await;
-    tracing::info!(signal, "shutting down: draining in-flight runs");
-    health_reporter
-        .set_not_serving::<ContainerizedFunctionRunnerServiceServer<FunctionRunnerService>>()
-        .await;
-    health_reporter
-        .set_not_serving::<fnrun_api::evaluator::function_evaluator_server::FunctionEvaluatorServer<EvaluatorService>>()
-        .await;
+    let signal = signals.next().await;
+    // Health says NOT_SERVING first, while every listener still serves: a
+    // Kubernetes endpoint or a load balancer takes a moment to stop sending
+    // here, and a call it sends meanwhile must not be refused.
+    tracing::info!(
+        signal,
+        delay = ?args.shutdown_delay,
+        "shutting down: health reports NOT_SERVING; new calls are served for the shutdown delay"
+    );
+    for service in ["", RUNNER_SERVICE, EVALUATOR_SERVICE] {
+        health_reporter
+            .set_service_status(service, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    if let Some(functions) = &functions {
+        functions.not_serving().await;
+    }
+    if !args.shutdown_delay.is_zero() {
+        tokio::select! {
+            () = tokio::time::sleep(args.shutdown_delay) => {}
+            second = signals.next() => tracing::info!(signal = second, "second signal: the shutdown delay ends now"),
+        }
+    }
+    tracing::info!(grace = ?args.shutdown_grace, "closing the listeners: draining in-flight calls");
     let _ = shutdown_tx.send(true);
     // In-flight runs get the grace period; then their tasks are aborted, which
     // drops their sandboxes and so kills them.
@@ -186,18 +215,87 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// TLS for TCP listeners, from `--tls-cert`, `--tls-key` and `--tls-client-ca`.
-fn tls_config(args: &ServeArgs) -> anyhow::Result<Option<ServerTlsConfig>> {
+/// The addresses of `--listen`; `none`, alone, turns the runner's listener
+/// off, which leaves only the functions listener (`--functions`) to serve.
+fn listen_addrs(listen: &[String], functions: bool) -> anyhow::Result<Vec<ListenAddr>> {
+    if !listen.iter().any(|a| a == "none") {
+        return listen.iter().map(|a| a.parse()).collect();
+    }
+    if listen.len() > 1 {
+        bail!(
+            "--listen none turns the runner's listener off: give it alone, without other --listen addresses"
+        );
+    }
+    if !functions {
+        bail!(
+            "--listen none leaves nothing to serve: give --functions FILE or --function NAME=IMAGE too"
+        );
+    }
+    Ok(Vec::new())
+}
+
+/// TLS for TCP listeners, from `--tls-cert`, `--tls-key` and
+/// `--tls-client-ca`; handshakes are [`crate::tls_accept`]'s, which logs and
+/// counts those it refuses.
+fn tls_accept(
+    args: &ServeArgs,
+    metrics: Arc<crate::metrics::Metrics>,
+) -> anyhow::Result<Option<TlsAccept>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
         return Ok(None);
     };
     let read =
         |p: &std::path::PathBuf| std::fs::read(p).with_context(|| format!("read {}", p.display()));
-    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
-    if let Some(ca) = &args.tls_client_ca {
-        config = config.client_ca_root(Certificate::from_pem(read(ca)?));
-    }
-    Ok(Some(config))
+    let certs = |p: &std::path::PathBuf| -> anyhow::Result<Vec<CertificateDer<'static>>> {
+        let chain: Vec<_> = CertificateDer::pem_slice_iter(&read(p)?)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{}: not PEM", p.display()))?;
+        if chain.is_empty() {
+            bail!("{} has no PEM certificate", p.display());
+        }
+        Ok(chain)
+    };
+    let chain = certs(cert)?;
+    let private_key = PrivateKeyDer::from_pem_slice(&read(key)?)
+        .with_context(|| format!("{} has no PEM private key", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?;
+    let builder = match &args.tls_client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in certs(ca)? {
+                roots
+                    .add(c)
+                    .with_context(|| format!("--tls-client-ca {}", ca.display()))?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .with_context(|| format!("--tls-client-ca {}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(chain, private_key)
+        .with_context(|| {
+            format!(
+                "--tls-cert {} with --tls-key {}",
+                cert.display(),
+                key.display()
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Some(TlsAccept::new(
+        ListenerKind::Runner,
+        Arc::new(config),
+        None,
+        metrics,
+    )))
 }
 
 /// The handlers of the signals that stop the daemon.
@@ -215,11 +313,34 @@ impl Signals {
         })
     }
 
-    /// The name of the first of them that arrives (or arrived since `install`).
-    async fn first(mut self) -> &'static str {
+    /// The name of the next of them that arrives (or arrived since
+    /// `install`, or since the last call).
+    async fn next(&mut self) -> &'static str {
         tokio::select! {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "SIGINT",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_none_turns_the_runner_listener_off_and_only_alone_with_functions() {
+        let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(listen_addrs(&strings(&["none"]), true).unwrap(), []);
+        assert_eq!(
+            listen_addrs(&strings(&["unix:/run/a.sock", "127.0.0.1:9443"]), false).unwrap(),
+            [
+                ListenAddr::Unix("/run/a.sock".into()),
+                ListenAddr::Tcp("127.0.0.1:9443".parse().unwrap())
+            ]
+        );
+        let err = listen_addrs(&strings(&["none", "127.0.0.1:1"]), true).unwrap_err();
+        assert!(err.to_string().contains("give it alone"), "{err}");
+        let err = listen_addrs(&strings(&["none"]), false).unwrap_err();
+        assert!(err.to_string().contains("--functions"), "{err}");
     }
 }

@@ -63,6 +63,30 @@ pub async fn channel_abstract(name: &str) -> Result<Channel> {
     Ok(channel)
 }
 
+/// A channel to a daemon's TCP listener at `addr` (`HOST:PORT`): h2c, or
+/// TLS when `tls` gives the CA that signed the server's certificate (and the
+/// server name to verify).
+pub async fn channel_tcp(addr: &str, tls: Option<(&Path, &str)>) -> Result<Channel> {
+    let endpoint = match tls {
+        None => Endpoint::from_shared(format!("http://{addr}"))?,
+        Some((ca, server_name)) => {
+            // ring as the process's provider, whatever features unify.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let ca = std::fs::read(ca).with_context(|| format!("cannot read {}", ca.display()))?;
+            Endpoint::from_shared(format!("https://{addr}"))?.tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                    .domain_name(server_name),
+            )?
+        }
+    };
+    endpoint
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))
+}
+
 /// One HTTP/2 connection, as a tonic client's transport.
 pub type BareConnection = tower::util::BoxCloneService<
     http::Request<tonic::body::Body>,
@@ -121,6 +145,10 @@ pub async fn health(channel: Channel, service: &str) -> Result<i32, tonic::Statu
 /// `SERVING` in `grpc.health.v1.HealthCheckResponse.ServingStatus`.
 pub const HEALTH_SERVING: i32 =
     tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+
+/// `NOT_SERVING` in `grpc.health.v1.HealthCheckResponse.ServingStatus`.
+pub const HEALTH_NOT_SERVING: i32 =
+    tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
 
 /// Builds a [`RunFunctionRequest`].
 #[derive(Debug, Clone, Default)]

@@ -36,6 +36,9 @@ pub enum Listen {
     /// No `--listen`: fnrun's default, Crossplane's
     /// `unix-abstract:crossplane/fn/default.sock`.
     Default,
+    /// `--listen none`: no runner listener; the daemon is ready when the TCP
+    /// address `ready` (its functions listener) accepts.
+    Off { ready: String },
 }
 
 impl Listen {
@@ -96,6 +99,8 @@ impl DaemonOpts {
 pub enum Socket {
     Path(PathBuf),
     Abstract(String),
+    /// `HOST:PORT`.
+    Tcp(String),
 }
 
 impl Socket {
@@ -104,16 +109,19 @@ impl Socket {
         match self {
             Socket::Path(path) => format!("unix:{}", path.display()),
             Socket::Abstract(name) => format!("unix-abstract:{name}"),
+            Socket::Tcp(addr) => addr.clone(),
         }
     }
 
     /// Connects synchronously, to probe whether the daemon accepts.
-    pub fn probe(&self) -> std::io::Result<UnixStream> {
+    pub fn probe(&self) -> std::io::Result<()> {
         match self {
-            Socket::Path(path) => UnixStream::connect(path),
+            Socket::Path(path) => UnixStream::connect(path).map(drop),
             Socket::Abstract(name) => {
                 UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)
+                    .map(drop)
             }
+            Socket::Tcp(addr) => std::net::TcpStream::connect(addr).map(drop),
         }
     }
 }
@@ -153,6 +161,7 @@ impl Daemon {
             Listen::UnixPath => Socket::Path(run_dir.join("fnrun.sock")),
             Listen::Abstract(name) => Socket::Abstract(name.clone()),
             Listen::Default => Socket::Abstract(DEFAULT_SOCKET.to_owned()),
+            Listen::Off { ready } => Socket::Tcp(ready.clone()),
         };
         let log = dir.path().join("daemon.log");
         let log_file = fs::File::create(&log)?;
@@ -167,8 +176,20 @@ impl Daemon {
             }
         };
         cmd.arg("serve");
-        if opts.listen != Listen::Default {
-            cmd.arg("--listen").arg(socket.listen_arg());
+        match &opts.listen {
+            Listen::Default => {}
+            Listen::Off { .. } => {
+                cmd.arg("--listen").arg("none");
+            }
+            _ => {
+                cmd.arg("--listen").arg(socket.listen_arg());
+            }
+        }
+        // Tests stop many daemons: unless a test asks for one, no shutdown
+        // delay (health NOT_SERVING while still serving) before the
+        // listeners close.
+        if !opts.args.iter().any(|a| a.starts_with("--shutdown-delay")) {
+            cmd.arg("--shutdown-delay=0s");
         }
         cmd.arg("--cache-dir")
             .arg(&cache_dir)
@@ -215,6 +236,25 @@ impl Daemon {
         }
     }
 
+    /// Waits until the daemon's TCP listener at `addr` accepts (the daemon
+    /// is ready when its first listener is).
+    pub fn wait_tcp(&mut self, addr: &str) -> Result<()> {
+        let deadline = std::time::Instant::now() + STARTUP;
+        while std::net::TcpStream::connect(addr).is_err() {
+            if let Some(status) = self.try_wait() {
+                bail!("fnrun serve exited ({status}); its log:\n{}", self.log());
+            }
+            if std::time::Instant::now() >= deadline {
+                bail!(
+                    "{addr} did not accept within {STARTUP:?}; the daemon's log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// The socket the daemon listens on.
     pub fn socket(&self) -> &Socket {
         &self.socket
@@ -257,6 +297,7 @@ impl Daemon {
         match &self.socket {
             Socket::Path(path) => client::channel_unix(path).await,
             Socket::Abstract(name) => client::channel_abstract(name).await,
+            Socket::Tcp(addr) => client::channel_tcp(addr, None).await,
         }
     }
 
@@ -268,6 +309,7 @@ impl Daemon {
         let io = match &self.socket {
             Socket::Path(path) => client::connect_unix(path).await?,
             Socket::Abstract(name) => client::connect_abstract(name)?,
+            Socket::Tcp(addr) => bail!("{addr}: a client without a timer speaks over unix sockets"),
         };
         client::client_without_timer(io).await
     }

@@ -33,10 +33,6 @@ use crate::user::TestUser;
 /// The namespace the tests' functions live in (fnrun's default).
 pub const NAMESPACE: &str = "crossplane-system";
 
-/// How long the functions listener may take to accept after the daemon's
-/// main socket does.
-const LISTEN_TIMEOUT: Duration = Duration::from_secs(20);
-
 /// One function of a functions file.
 #[derive(Debug, Clone)]
 #[must_use]
@@ -185,19 +181,7 @@ impl FunctionHost {
             daemon_opts = daemon_opts.user(user.clone());
         }
         let mut daemon = Daemon::start(daemon_opts)?;
-        let deadline = Instant::now() + LISTEN_TIMEOUT;
-        while std::net::TcpStream::connect(&addr).is_err() {
-            if let Some(status) = daemon.try_wait() {
-                bail!("fnrun serve exited ({status}); its log:\n{}", daemon.log());
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "the functions listener {addr} did not accept within {LISTEN_TIMEOUT:?}; log:\n{}",
-                    daemon.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        daemon.wait_tcp(&addr)?;
         Ok(FunctionHost {
             daemon,
             dir,

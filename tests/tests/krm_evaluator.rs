@@ -356,7 +356,7 @@ async fn grpc_go_evaluates_two_functions_at_once_root_and_rootless() {
         let daemon = Daemon::start(opts).expect("fnrun serve starts");
         let target = match daemon.socket() {
             Socket::Path(path) => format!("unix:{}", path.display()),
-            Socket::Abstract(name) => panic!("expected a unix path, not {name}"),
+            other => panic!("expected a unix path, not {other:?}"),
         };
         let call = |images: Vec<String>, tag: &'static str, input: String| {
             let target = target.clone();

@@ -1,4 +1,5 @@
-//! SIGTERM/SIGINT: stop accepting, let in-flight runs finish, exit 0.
+//! SIGTERM/SIGINT: health NOT_SERVING while new calls are still served for
+//! the shutdown delay, then stop accepting, let in-flight runs finish, exit 0.
 
 use std::time::Duration;
 
@@ -72,6 +73,7 @@ fn a_signal_as_soon_as_the_socket_exists_stops_the_daemon_gracefully() {
         cmd.arg("serve")
             .arg("--listen")
             .arg(format!("unix:{}", socket.display()))
+            .arg("--shutdown-delay=0s")
             .arg("--cache-dir")
             .arg(dir.path().join("cache"))
             .env("RUST_LOG", "off")
@@ -103,4 +105,124 @@ fn a_signal_as_soon_as_the_socket_exists_stops_the_daemon_gracefully() {
         let status = status.unwrap_or_else(|| panic!("round {round}: SIGINT was lost"));
         assert!(status.success(), "round {round}: {status}");
     }
+}
+
+/// On SIGTERM, health turns NOT_SERVING on every listener while new calls,
+/// on new connections and on open ones, are still served for
+/// `--shutdown-delay`; a client that keeps calling until it has seen
+/// NOT_SERVING for a while (as a Kubernetes endpoint that is removed a
+/// moment later) has no call fail. Then the listeners close and the daemon
+/// exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_keep_being_served_during_the_shutdown_delay() {
+    use std::time::Instant;
+
+    use fnrun_tests::client::{HEALTH_NOT_SERVING, HEALTH_SERVING};
+    use fnrun_tests::registry::free_port;
+
+    const DELAY: Duration = Duration::from_secs(6);
+    /// How long the client keeps sending after it saw NOT_SERVING.
+    const KEEP_CALLING: Duration = Duration::from_secs(2);
+
+    let registry = Registry::start().expect("registry starts");
+    let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let tcp = format!("127.0.0.1:{}", free_port().unwrap());
+    let functions = format!("127.0.0.1:{}", free_port().unwrap());
+    let mut daemon = Daemon::start(
+        DaemonOpts::default()
+            .arg("--listen")
+            .arg(&tcp)
+            .arg("--shutdown-delay")
+            .arg(format!("{}s", DELAY.as_secs()))
+            .arg("--function")
+            .arg(format!("fn-a={image}"))
+            .arg("--functions-listen")
+            .arg(&functions)
+            .arg("--functions-insecure"),
+    )
+    .expect("fnrun serve starts");
+    daemon.wait_tcp(&tcp).unwrap();
+    daemon.wait_tcp(&functions).unwrap();
+    let mut open = daemon.client().await.expect("connects");
+    client::run_function(&mut open, Run::new(&image, SAMPLE).build())
+        .await
+        .expect("first run (pulls)");
+    let health = async |addr: Option<&str>| {
+        let channel = match addr {
+            Some(addr) => client::channel_tcp(addr, None).await,
+            None => daemon.channel().await,
+        };
+        client::health(channel.expect("connects"), "")
+            .await
+            .expect("health answers")
+    };
+    for addr in [None, Some(tcp.as_str()), Some(functions.as_str())] {
+        assert_eq!(health(addr).await, HEALTH_SERVING, "{addr:?}");
+    }
+
+    daemon.signal(Signal::SIGTERM);
+    let signalled = Instant::now();
+    let mut not_serving_since = None;
+    let mut calls = 0;
+    while not_serving_since.is_none_or(|t: Instant| t.elapsed() < KEEP_CALLING) {
+        assert!(
+            signalled.elapsed() < DELAY,
+            "health did not report NOT_SERVING within the delay"
+        );
+        // A new connection on each listener, and the open one.
+        let mut fresh = daemon.client().await.expect("new connections are accepted");
+        client::run_function(&mut fresh, Run::new(&image, SAMPLE).build())
+            .await
+            .expect("a call on a new connection is served during the delay");
+        let mut over_tcp = client::Client::new(
+            client::channel_tcp(&tcp, None)
+                .await
+                .expect("new TCP connections are accepted"),
+        );
+        client::run_function(&mut over_tcp, Run::new(&image, SAMPLE).build())
+            .await
+            .expect("a call over TCP is served during the delay");
+        client::run_function(&mut open, Run::new(&image, SAMPLE).build())
+            .await
+            .expect("a call on the open connection is served during the delay");
+        calls += 3;
+        if not_serving_since.is_none() {
+            let statuses = [
+                health(None).await,
+                health(Some(&tcp)).await,
+                health(Some(&functions)).await,
+            ];
+            if statuses.iter().all(|s| *s == HEALTH_NOT_SERVING) {
+                not_serving_since = Some(Instant::now());
+            }
+        }
+    }
+    assert!(calls >= 6, "only {calls} calls during the delay");
+    let status = daemon
+        .wait_exit(DELAY + SHUTDOWN_GRACE)
+        .expect("the daemon exits after the delay");
+    assert!(status.success(), "{status}");
+    assert!(
+        signalled.elapsed() >= DELAY,
+        "exited {:?} after SIGTERM, before the delay of {DELAY:?}",
+        signalled.elapsed()
+    );
+    assert!(daemon.socket().probe().is_err(), "no longer accepting");
+    let log = daemon.log();
+    assert!(log.contains("health reports NOT_SERVING"), "{log}");
+    assert!(log.contains("closing the listeners"), "{log}");
+}
+
+#[test]
+fn a_second_signal_ends_the_shutdown_delay() {
+    let mut daemon = Daemon::start(DaemonOpts::default().arg("--shutdown-delay=10m"))
+        .expect("fnrun serve starts");
+    daemon.signal(Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(daemon.try_wait().is_none(), "exited before the delay");
+    daemon.signal(Signal::SIGINT);
+    let status = daemon
+        .wait_exit(SHUTDOWN_GRACE)
+        .expect("the second signal ends the delay");
+    assert!(status.success(), "{status}");
 }

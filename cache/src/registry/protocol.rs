@@ -64,6 +64,8 @@ pub(super) async fn answers_plain_http(registry: &str) -> Option<bool> {
     };
     let probe = async {
         let mut conn = tokio::net::TcpStream::connect(&addr).await.ok()?;
+        // As on every TCP connection fnrun makes: no write waits for an ACK.
+        let _ = conn.set_nodelay(true);
         let request = format!("GET /v2/ HTTP/1.1\r\nHost: {registry}\r\nConnection: close\r\n\r\n");
         if conn.write_all(request.as_bytes()).await.is_err() {
             return Some(false);

@@ -4,7 +4,8 @@
 //!   as Crossplane's own runtime mints them from `crossplane-root-ca`:
 //!   SANs `NAME`, `NAME.NAMESPACE`, `NAME.NAMESPACE.svc`, extended key usage
 //!   server auth, an ECDSA P-256 key of its own, valid for a year and minted
-//!   again at every reload and once a day;
+//!   again at every reload and once a day; the CA is read again each time
+//!   and refused unless it is a CA, valid now, and the key is its own;
 //! - or read from `--functions-certs-dir DIR`: `DIR/NAME/tls.crt` and
 //!   `DIR/NAME/tls.key` (a `kubernetes.io/tls` Secret per function), read
 //!   again at every reload.
@@ -49,23 +50,29 @@ pub enum CertError {
     Key { path: PathBuf, err: String },
     #[error("{}: the CA certificate cannot be used: {err}", .path.display())]
     CaCertificate { path: PathBuf, err: rcgen::Error },
+    #[error("{}: {why}", .path.display())]
+    NotUsableCa { path: PathBuf, why: String },
+    #[error(
+        "the CA key {} does not belong to the CA certificate {}: their public keys differ",
+        .key.display(),
+        .cert.display()
+    )]
+    KeyMismatch { cert: PathBuf, key: PathBuf },
     #[error("cannot mint a certificate for {name}: {err}")]
     Mint { name: String, err: String },
 }
 
 /// Where server certificates come from.
+#[derive(Debug, Clone)]
 pub enum CertSource {
-    Mint(Box<Minter>),
+    /// Minted from the CA of these files, read again (and checked) at
+    /// every reload, so that a rotated CA is taken and an expired one
+    /// refused.
+    Mint {
+        cert: PathBuf,
+        key: PathBuf,
+    },
     Dir(PathBuf),
-}
-
-impl std::fmt::Debug for CertSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CertSource::Mint(_) => f.write_str("CertSource::Mint"),
-            CertSource::Dir(dir) => f.debug_tuple("CertSource::Dir").field(dir).finish(),
-        }
-    }
 }
 
 /// The certificates for the functions of one catalogue, by server name.
@@ -92,7 +99,8 @@ impl CertSource {
     pub fn cert_set(&self, names: &[String], namespace: &str) -> Result<CertSet, CertError> {
         let mut set = CertSet::default();
         match self {
-            CertSource::Mint(minter) => {
+            CertSource::Mint { cert, key } => {
+                let minter = Minter::load(cert, key)?;
                 for name in names {
                     let key = minter.mint(name, server_names(name, namespace).to_vec())?;
                     for server_name in server_names(name, namespace) {
@@ -140,6 +148,7 @@ impl Minter {
                 path: cert.to_owned(),
             })?;
         let key_pair = ca_key_pair(key, &read(key)?)?;
+        check_ca(cert, &ca, key, &key_pair)?;
         let issuer =
             Issuer::from_ca_cert_der(&ca, key_pair).map_err(|err| CertError::CaCertificate {
                 path: cert.to_owned(),
@@ -178,6 +187,52 @@ impl Minter {
             signing,
         )))
     }
+}
+
+/// Checks that the certificate `ca` (from file `cert_path`) is a CA that is
+/// valid now, allowed to sign certificates, and that `key` (from
+/// `key_path`) is its key: any of these wrong, every handshake would fail
+/// on the client's side with nothing said on fnrun's.
+fn check_ca(
+    cert_path: &Path,
+    ca: &CertificateDer<'_>,
+    key_path: &Path,
+    key: &KeyPair,
+) -> Result<(), CertError> {
+    use rcgen::PublicKeyData;
+    let not_usable = |why: String| CertError::NotUsableCa {
+        path: cert_path.to_owned(),
+        why,
+    };
+    let (_, cert) = x509_parser::parse_x509_certificate(ca)
+        .map_err(|e| not_usable(format!("not an X.509 certificate: {e}")))?;
+    if !cert.is_ca() {
+        return Err(not_usable(
+            "not a CA certificate (basic constraints without CA:TRUE): it cannot sign the functions' certificates"
+                .to_owned(),
+        ));
+    }
+    if let Ok(Some(usage)) = cert.key_usage()
+        && !usage.value.key_cert_sign()
+    {
+        return Err(not_usable(
+            "its key usage does not allow signing certificates (keyCertSign)".to_owned(),
+        ));
+    }
+    let validity = cert.validity();
+    if !validity.is_valid() {
+        return Err(not_usable(format!(
+            "not valid now: valid from {} to {}",
+            validity.not_before, validity.not_after
+        )));
+    }
+    if cert.public_key().subject_public_key.data.as_ref() != key.der_bytes() {
+        return Err(CertError::KeyMismatch {
+            cert: cert_path.to_owned(),
+            key: key_path.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// The certificate chain and key of `dir/tls.crt` and `dir/tls.key`.

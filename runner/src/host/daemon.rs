@@ -26,6 +26,7 @@ use super::{Changes, Host, Routing};
 use crate::error::{LINE_MAX, bounded};
 use crate::listen::{ListenAddr, Listener};
 use crate::runner::Runner;
+use crate::tls_accept::{ListenerKind, TlsAccept};
 
 /// How often minted certificates are minted again.
 const REMINT_EVERY: Duration = Duration::from_secs(24 * 3600);
@@ -35,6 +36,7 @@ pub struct FunctionsDaemon {
     host: Arc<Host>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     reloader: JoinHandle<()>,
+    health: HealthReporter,
     socket_file: Option<PathBuf>,
 }
 
@@ -54,9 +56,14 @@ fn tls_setup(args: &FunctionsArgs, addr: &ListenAddr) -> anyhow::Result<Option<T
         &args.functions_ca_key,
         &args.functions_certs_dir,
     ) {
-        (Some(cert), Some(key), None) => CertSource::Mint(Box::new(
-            Minter::load(cert, key).context("--functions-ca-cert/--functions-ca-key")?,
-        )),
+        (Some(cert), Some(key), None) => {
+            // Checked now, so that a CA that cannot be used stops the start.
+            Minter::load(cert, key).context("--functions-ca-cert/--functions-ca-key")?;
+            CertSource::Mint {
+                cert: cert.clone(),
+                key: key.clone(),
+            }
+        }
         (None, None, Some(dir)) => CertSource::Dir(dir.clone()),
         _ => bail!(
             "the functions listener {addr} serves TLS: give --functions-ca-cert and --functions-ca-key \
@@ -100,7 +107,14 @@ pub async fn start(
             let certs = setup.source.cert_set(&names, &namespace)?;
             let resolver = Arc::new(SniResolver::new(certs));
             let config = tls::server_config(resolver.clone(), &setup.client_ca)?;
-            (Some(resolver), Some(config))
+            let names = resolver.clone();
+            let accept = TlsAccept::new(
+                ListenerKind::Functions,
+                config,
+                Some(Arc::new(move |name| names.refusal(name))),
+                runner.metrics().clone(),
+            );
+            (Some(resolver), Some(accept))
         }
         None => (None, None),
     };
@@ -137,7 +151,7 @@ pub async fn start(
         namespace,
         host: host.clone(),
         tls: tls.map(|setup| (setup.source, resolver.expect("with TLS"))),
-        health,
+        health: health.clone(),
         names,
     };
     let reloader = tokio::spawn(reloader.run()?);
@@ -145,11 +159,32 @@ pub async fn start(
         host,
         server,
         reloader,
+        health,
         socket_file,
     }))
 }
 
 impl FunctionsDaemon {
+    /// Makes health say NOT_SERVING for the listener, both
+    /// `FunctionRunnerService`s and every function, and stops reloading
+    /// (a reload would say SERVING again); calls are still served.
+    pub async fn not_serving(&self) {
+        use tonic_health::ServingStatus::NotServing;
+        self.reloader.abort();
+        let services = [
+            "",
+            fnrun_api::v1::SERVICE_NAME,
+            fnrun_api::v1beta1::SERVICE_NAME,
+        ];
+        for service in services
+            .into_iter()
+            .map(str::to_owned)
+            .chain(self.host.names())
+        {
+            self.health.set_service_status(&service, NotServing).await;
+        }
+    }
+
     /// Lets calls in flight finish (within `grace`), stops every function
     /// server, and waits for the listener to close.
     pub async fn stop(self, grace: Duration) {
@@ -211,7 +246,7 @@ impl Reloader {
                         }
                     }
                     _ = remint.tick() => {
-                        if matches!(self.tls, Some((CertSource::Mint(_), _))) {
+                        if matches!(self.tls, Some((CertSource::Mint { .. }, _))) {
                             self.reload().await;
                         }
                     }

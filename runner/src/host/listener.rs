@@ -5,20 +5,18 @@
 //!
 //! Each accepted connection becomes an [`FnConn`] that tells its calls what
 //! the host routes by ([`ConnInfo`]: the TLS server name). TLS handshakes
-//! run in tasks of their own, so a slow client holds up no other. Unix
+//! are [`crate::tls_accept`]'s. Unix
 //! connections go through the `:authority` rewriter, as on `--listen`.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use futures::TryStreamExt;
-use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::transport::Server;
 use tonic::transport::server::{Connected, Router};
 use tonic_health::server::HealthReporter;
@@ -28,13 +26,11 @@ use super::api::{ConnInfo, FunctionApi, V1, V1beta1};
 use crate::authority::NormalizeAuthority;
 use crate::deadline::DeadlineLayer;
 use crate::listen::Listener;
+use crate::tls_accept::TlsAccept;
 
 /// The functions listener's router: its services behind [`DeadlineLayer`].
 pub type FunctionsRouter =
     Router<tower::layer::util::Stack<DeadlineLayer, tower::layer::util::Identity>>;
-
-/// How long a TLS client has to finish its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The gRPC services of the functions listener, and the health reporter
 /// that says which functions exist.
@@ -75,7 +71,7 @@ pub async fn serving(health: &HealthReporter, names: &[String]) {
 pub fn serve(
     router: FunctionsRouter,
     listener: Listener,
-    tls: Option<Arc<ServerConfig>>,
+    tls: Option<TlsAccept>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>> {
     match (listener, tls) {
@@ -89,56 +85,20 @@ pub fn serve(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
         }
         (Listener::Tcp(l), None) => {
-            let incoming = TcpListenerStream::new(l).map_ok(|s| {
-                let _ = s.set_nodelay(true);
-                FnConn::new(Io::Tcp(s), ConnInfo::default())
-            });
+            let incoming = crate::listen::tcp_incoming(l)
+                .map_ok(|s| FnConn::new(Io::Tcp(s), ConnInfo::default()));
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
         }
         (Listener::Tcp(l), Some(tls)) => {
             let (tx, rx) = tokio::sync::mpsc::channel(64);
-            tokio::spawn(accept_tls(l, tokio_rustls::TlsAcceptor::from(tls), tx));
+            tokio::spawn(tls.run(l, tx, |tls| {
+                let info = ConnInfo {
+                    sni: tls.get_ref().1.server_name().map(str::to_ascii_lowercase),
+                };
+                FnConn::new(Io::Tls(Box::new(tls)), info)
+            }));
             tokio::spawn(router.serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown))
         }
-    }
-}
-
-/// Accepts TCP connections and hands each to the server once its TLS
-/// handshake is done, until the server stops taking them.
-async fn accept_tls(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    tx: tokio::sync::mpsc::Sender<io::Result<FnConn>>,
-) {
-    loop {
-        let (stream, remote) = tokio::select! {
-            () = tx.closed() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::debug!(error = %e, "functions listener: accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    let info = ConnInfo {
-                        sni: tls.get_ref().1.server_name().map(str::to_ascii_lowercase),
-                    };
-                    let _ = tx.send(Ok(FnConn::new(Io::Tls(Box::new(tls)), info))).await;
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(%remote, error = %e, "functions listener: TLS handshake failed")
-                }
-                Err(_) => tracing::debug!(%remote, "functions listener: TLS handshake timed out"),
-            }
-        });
     }
 }
 

@@ -123,6 +123,11 @@ impl Host {
             .clone()
     }
 
+    /// The names of the current catalogue's functions.
+    pub fn names(&self) -> Vec<String> {
+        self.current().keys().cloned().collect()
+    }
+
     /// The function `name` of the current catalogue.
     pub fn function(&self, name: &str) -> Option<Arc<Function>> {
         self.current().get(name).cloned()

@@ -2,10 +2,11 @@
 //! client's server name (SNI), client certificates required and verified
 //! against `--functions-client-ca` (mTLS), ALPN `h2` only.
 //!
-//! A server name that is no function's refuses the handshake (alert
-//! `unrecognized_name` from rustls): fnrun has no certificate the client
-//! would accept for it, so a NOT_FOUND served over TLS could not be read
-//! anyway. The refusal is logged with the names that exist.
+//! A server name that is no function's refuses the handshake with the alert
+//! `unrecognized_name` ([`SniResolver::refusal`], sent by
+//! [`crate::tls_accept`], which logs and counts it): fnrun has no
+//! certificate the client would accept for it, so a NOT_FOUND served over
+//! TLS could not be read anyway.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -17,6 +18,7 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
 use super::certs::CertSet;
+use crate::tls_accept::{Reason, Refusal};
 
 /// Why TLS cannot be set up.
 #[derive(Debug, thiserror::Error)]
@@ -59,31 +61,52 @@ impl SniResolver {
     }
 }
 
+impl SniResolver {
+    /// Whether a client's server name (`None`: it sent none) is served: the
+    /// functions listener refuses the others before the handshake goes on
+    /// ([`crate::tls_accept`]), with the alert `unrecognized_name`.
+    pub fn refusal(&self, name: Option<&str>) -> Option<Refusal> {
+        let certs = self.current();
+        match name {
+            Some(name) => {
+                let name = normalize(name);
+                certs.get(&name).is_none().then(|| {
+                    Refusal::new(
+                        Reason::UnknownServerName,
+                        format!(
+                            "no function answers to the server name {}",
+                            fnrun_api::Quoted::new(&name)
+                        ),
+                    )
+                })
+            }
+            None => certs.without_sni().is_none().then(|| {
+                Refusal::new(
+                    Reason::NoServerName,
+                    "the client sent no server name and there is no certificate for that",
+                )
+            }),
+        }
+    }
+}
+
+/// A server name as looked up: lower case, without a trailing dot.
+fn normalize(name: &str) -> String {
+    let name = name.to_ascii_lowercase();
+    match name.strip_suffix('.') {
+        Some(stripped) => stripped.to_owned(),
+        None => name,
+    }
+}
+
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        // Names were checked before ([`SniResolver::refusal`]); one that a
+        // reload removed since gets no certificate (rustls: access_denied).
         let certs = self.current();
         match hello.server_name() {
-            Some(name) => {
-                let name = name.to_ascii_lowercase();
-                let name = name.strip_suffix('.').unwrap_or(&name);
-                let found = certs.get(name).cloned();
-                if found.is_none() {
-                    tracing::info!(
-                        server_name = %fnrun_api::Quoted::new(name),
-                        "functions listener: TLS handshake refused: no function answers to this server name"
-                    );
-                }
-                found
-            }
-            None => {
-                let found = certs.without_sni().cloned();
-                if found.is_none() {
-                    tracing::info!(
-                        "functions listener: TLS handshake refused: the client sent no server name and there is no certificate for that"
-                    );
-                }
-                found
-            }
+            Some(name) => certs.get(&normalize(name)).cloned(),
+            None => certs.without_sni().cloned(),
         }
     }
 }

@@ -48,7 +48,7 @@ impl Upstream {
     /// An HTTP/2 connection over `io` (already connected); its driver task
     /// ends when the connection does.
     pub async fn handshake(io: tokio::net::TcpStream) -> Result<Upstream, hyper::Error> {
-        let _ = io.set_nodelay(true);
+        crate::listen::no_delay(&io);
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
             // Windows large enough that a request or response of a few MiB
             // does not wait for window updates.

@@ -47,8 +47,10 @@ fn minted_certificates_verify_for_the_three_names_of_their_function() {
     // Crossplane's root CA is RSA with a PKCS#1 key; a SEC1 EC CA works too.
     for (cert, key) in [("rsa-ca.crt", "rsa-ca.key"), ("ec-ca.crt", "ec-ca.key")] {
         let ca = testdata(cert);
-        let minter = Minter::load(&ca, &testdata(key)).unwrap();
-        let source = CertSource::Mint(Box::new(minter));
+        let source = CertSource::Mint {
+            cert: ca.clone(),
+            key: testdata(key),
+        };
         let names = ["fn-a".to_owned(), "fn-b".to_owned()];
         let set = source.cert_set(&names, "crossplane-system").unwrap();
         for server_name in [
@@ -160,4 +162,101 @@ fn a_ca_that_cannot_sign_is_refused_clearly() {
         .unwrap()
         .to_string();
     assert!(e.starts_with("cannot read"), "{e}");
+}
+
+/// A CA made with rcgen: its certificate and key, PEM.
+fn rcgen_ca(edit: impl FnOnce(&mut CertificateParams)) -> (String, String) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+    edit(&mut params);
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn a_ca_key_that_is_not_the_certificates_is_refused_naming_both_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let other_key = dir.path().join("other.key");
+    // Another CA's key, RSA and EC, for each CA.
+    for (cert, key) in [("rsa-ca.crt", "ec-ca.key"), ("ec-ca.crt", "rsa-ca.key")] {
+        let e = Minter::load(&testdata(cert), &testdata(key))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("does not belong to the CA certificate"), "{e}");
+        assert!(e.contains(cert) && e.contains(key), "{e}");
+    }
+    let (_, key) = rcgen_ca(|_| {});
+    std::fs::write(&other_key, key).unwrap();
+    let e = Minter::load(&testdata("ec-ca.crt"), &other_key)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("other.key") && e.contains("ec-ca.crt") && e.contains("public keys differ"),
+        "{e}"
+    );
+    // And a reload reads the files again: a key swapped meanwhile is refused.
+    std::fs::copy(testdata("ec-ca.key"), &other_key).unwrap();
+    let source = CertSource::Mint {
+        cert: testdata("ec-ca.crt"),
+        key: other_key.clone(),
+    };
+    source.cert_set(&["fn-a".to_owned()], "ns").unwrap();
+    let (_, key) = rcgen_ca(|_| {});
+    std::fs::write(&other_key, key).unwrap();
+    let e = match source.cert_set(&["fn-a".to_owned()], "ns") {
+        Ok(_) => panic!("a swapped key is taken at reload"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("does not belong"), "{e}");
+}
+
+#[test]
+fn a_certificate_that_is_no_valid_ca_now_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+    let now = time::OffsetDateTime::now_utc();
+    type Edit = Box<dyn FnOnce(&mut CertificateParams)>;
+    let cases: [(&str, Edit); 4] = [
+        (
+            "not a CA certificate",
+            Box::new(|p| p.is_ca = rcgen::IsCa::NoCa),
+        ),
+        (
+            "does not allow signing certificates",
+            Box::new(|p| p.key_usages = vec![KeyUsagePurpose::DigitalSignature]),
+        ),
+        (
+            "not valid now",
+            Box::new(move |p| {
+                p.not_before = now - time::Duration::days(10);
+                p.not_after = now - time::Duration::days(1);
+            }),
+        ),
+        (
+            "not valid now",
+            Box::new(move |p| {
+                p.not_before = now + time::Duration::days(1);
+                p.not_after = now + time::Duration::days(10);
+            }),
+        ),
+    ];
+    for (says, edit) in cases {
+        let (cert_pem, key_pem) = rcgen_ca(edit);
+        std::fs::write(&cert, cert_pem).unwrap();
+        std::fs::write(&key, key_pem).unwrap();
+        let e = Minter::load(&cert, &key)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains(says) && e.contains("ca.crt"), "{says}: {e}");
+    }
+    // The same, valid now, is taken.
+    let (cert_pem, key_pem) = rcgen_ca(|_| {});
+    std::fs::write(&cert, cert_pem).unwrap();
+    std::fs::write(&key, key_pem).unwrap();
+    Minter::load(&cert, &key).unwrap();
 }
