@@ -3,19 +3,21 @@
 #   work_dir NAME
 #
 # makes $WORK (/tmp/NAME.XXXXXX), searchable by the sandbox's mapped ids
-# (caches and mounts live below it), and on exit stops $DAEMON_PID and
-# $REGISTRY_PID if set, then removes $WORK.
+# (caches and mounts live below it), and on exit stops $DAEMON_PID,
+# $REGISTRY_PID and the daemons of bench/listeners.sh if set, then removes
+# $WORK.
 work_dir() {
   WORK=$(mktemp -d "/tmp/$1.XXXXXX")
   chmod 0755 "$WORK"
   DAEMON_PID=""
   REGISTRY_PID=""
+  LISTENERS_PIDS=()
   trap bench_cleanup EXIT
 }
 
 bench_cleanup() {
   local pid
-  for pid in "$DAEMON_PID" "$REGISTRY_PID"; do
+  for pid in "$DAEMON_PID" "$REGISTRY_PID" "${LISTENERS_PIDS[@]}"; do
     if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then wait "$pid" 2>/dev/null || true; fi
   done
   chmod -R u+rwX "$WORK" 2>/dev/null || true

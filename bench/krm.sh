@@ -11,12 +11,14 @@
 #   (b) fnrun run --krm, the CLI, warm cache, with the same read-only mount
 #       (kpt's exec runtime runs it so: one process per function call);
 #   (c) fnrun run --krm without the mount;
-#   (d) Porch's EvaluateFunction on `fnrun serve`, warm, sequential.
+#   (d) Porch's EvaluateFunction on `fnrun serve`, warm, sequential; and
+#       (d2) the same on each kind of listener: unix, abstract, TCP, TLS
+#       (bench/listeners.sh).
 #
 #   bench/krm.sh                       # about two minutes on 2 cores
 #
 # Knobs (environment): RUNS (60) hyperfine runs of (a)-(c), N_EVAL (300)
-# calls of (d), CARGO_TARGET_DIR (this checkout's target/), OUT (results
+# calls of (d) and of (d2) on each listener, CARGO_TARGET_DIR (this checkout's target/), OUT (results
 # dir), SKIP_BUILD=1 (use the release binaries already built).
 # Results: bench/results/krm-<stamp>/ (raw) and bench/results/krm-latest.json.
 set -euo pipefail
@@ -137,6 +139,13 @@ for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 "$LOADGEN" --api evaluate --socket "$SOCK" --image "$IMAGE" --input "$RL" -n "$N_EVAL" -c 1 \
   --warmup 20 --raw --require-zero-errors --label evaluate --json "$OUT/evaluate.json"
 kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true; DAEMON_PID=""
+
+log "(d2) EvaluateFunction on each kind of listener ($N_EVAL calls each)"
+# shellcheck source=bench/listeners.sh
+. "$ROOT/bench/listeners.sh"
+listeners_start "$FNRUN" "$WORK/listeners"
+listeners_measure "$OUT" evaluate "$N_EVAL" --api evaluate --image "$IMAGE" --input "$RL"
+listeners_stop
 
 log "summary"
 jq -n --slurpfile cli "$OUT/cli.json" --slurpfile ev "$OUT/evaluate.json" \

@@ -5,7 +5,8 @@
 #   bench/run.sh                 # everything (about 10-15 minutes on 2 cores)
 #   QUICK=1 bench/run.sh         # skip cold start and the 10,000-run soak
 #
-# Knobs (environment): N_WARM (500) sequential warm calls, N_TPUT (400) calls
+# Knobs (environment): N_WARM (500) sequential warm calls, N_LISTENER (300)
+# warm calls on each kind of listener (unix, abstract, TCP, TLS), N_TPUT (400) calls
 # per concurrency level, N_SOAK (10000) runs for the memory check, FLOOR_RUNS
 # (300), RUNC_RUNS (60), COLD_MIB (200), COLD_LAYERS (4), COLD_RUNS (3),
 # PROFILE (1), CARGO_TARGET_DIR (/work/target-bench), OUT (results dir),
@@ -19,6 +20,7 @@ cd "$ROOT"
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=${OUT:-$ROOT/bench/results/$STAMP}
 N_WARM=${N_WARM:-500}
+N_LISTENER=${N_LISTENER:-300}
 N_TPUT=${N_TPUT:-400}
 N_SOAK=${N_SOAK:-10000}
 FLOOR_RUNS=${FLOOR_RUNS:-300}
@@ -161,6 +163,13 @@ hyperfine --warmup 3 --runs "$RUNC_RUNS" --style basic \
 log "(c) fnrun warm RunFunction, one at a time ($N_WARM calls)"
 "$LOADGEN" --socket "$SOCK" --image "$IMAGE" --input "$INPUT" -n "$N_WARM" -c 1 \
   --warmup 20 --raw --require-zero-errors --label fnrun --json "$OUT/fnrun-warm.json"
+
+log "(c2) fnrun warm RunFunction on each kind of listener ($N_LISTENER calls each)"
+# shellcheck source=bench/listeners.sh
+. "$ROOT/bench/listeners.sh"
+listeners_start "$FNRUN" "$WORK/listeners"
+listeners_measure "$OUT" listener "$N_LISTENER" --image "$IMAGE" --input "$INPUT"
+listeners_stop
 
 # ---------------------------------------------------------------- throughput
 log "(d) throughput at concurrency $CONCURRENCY ($N_TPUT calls each)"

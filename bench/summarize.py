@@ -59,6 +59,15 @@ def main():
         lat["fnrun"]["errors"] = lvl["errors"]
         raw["fnrun"] = lvl["latencies_ms"]
     s["latency"] = lat
+    # Warm calls on each kind of listener (bench/listeners.sh).
+    listeners = {}
+    for kind in ("unix", "abstract", "tcp", "tls"):
+        doc = load(d, f"listener-{kind}.json")
+        if doc:
+            lvl = doc["levels"][0]
+            listeners[kind] = dist(lvl["latencies_ms"])
+            listeners[kind]["errors"] = lvl["errors"]
+    s["listeners"] = listeners
     tput = {"fnrun": {}, "floor": {}}
     ft = load(d, "fnrun-throughput.json")
     if ft:
@@ -125,6 +134,11 @@ def main():
             # most runs at once, which the throughput phase already reached.
             t.append(("run_cgroups growth after-throughput->after-soak",
                       last["run_cgroups"] - ref["run_cgroups"], 0, "<="))
+    u = listeners.get("unix")
+    for kind in ("tcp", "tls"):
+        k = listeners.get(kind)
+        if u and k:
+            t.append((f"{kind} p50 - unix p50 <= 2 ms", k["p50_ms"] - u["p50_ms"], 2.0, "<="))
     if "run_cgroups_after_exit" in s:
         t.append(("run cgroups left after the daemon exits", s["run_cgroups_after_exit"], 0, "=="))
     ops = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b, "==": lambda a, b: a == b}
@@ -146,6 +160,8 @@ def main():
         if k in lat:
             x = lat[k]
             print(f"{names[k]:<26}{x['n']:>6}{x['p50_ms']:>9.2f}{x['p90_ms']:>9.2f}{x['p99_ms']:>9.2f}{x['max_ms']:>9.2f}")
+    for k, x in s["listeners"].items():
+        print(f"{'  on ' + k:<26}{x['n']:>6}{x['p50_ms']:>9.2f}{x['p90_ms']:>9.2f}{x['p99_ms']:>9.2f}{x['max_ms']:>9.2f}")
     print()
     levels = sorted({int(c) for v in tput.values() for c in v})
     if levels:

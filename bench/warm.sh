@@ -1,4 +1,4 @@
-# Sourced by bench/ab.sh and bench/builds.sh: what a warm-path comparison of
+# Sourced by bench/ab.sh, bench/builds.sh and bench/listeners.sh: what a warm-path comparison of
 # fnrun builds needs. Builds the load client, makes $WORK with the `cat`
 # image (bench/cat_image.sh), removes it on exit, and defines
 #   start_daemon FNRUN            a fresh daemon of that build ($DAEMON_PID)
@@ -7,9 +7,12 @@
 # LOAD_ARGS adds options of the load client to every load (e.g.
 # LOAD_ARGS="--deadline 30": each call carries a grpc-timeout).
 # $ROOT must be the checkout.
+# LOADGEN, if set, is the load client to use instead of building one.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-bench}
-cargo build --release -q --manifest-path "$ROOT/Cargo.toml" -p fnrun-bench
-LOADGEN=$CARGO_TARGET_DIR/release/fnrun-loadgen
+if [ -z "${LOADGEN:-}" ]; then
+  cargo build --release -q --manifest-path "$ROOT/Cargo.toml" -p fnrun-bench
+  LOADGEN=$CARGO_TARGET_DIR/release/fnrun-loadgen
+fi
 command -v umoci >/dev/null || { echo "$0: needs umoci (bench/run.sh installs it)" >&2; exit 1; }
 
 # shellcheck source=bench/common.sh

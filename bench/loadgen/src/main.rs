@@ -1,5 +1,6 @@
 //! `fnrun-loadgen`: calls `RunFunction` (or, with `--api evaluate`, Porch's
-//! `EvaluateFunction`) over a unix socket `N` times at each concurrency `C`
+//! `EvaluateFunction`) on one of the daemon's listeners (a unix socket, an
+//! abstract one, TCP or TLS) `N` times at each concurrency `C`
 //! and prints p50/p90/p99/max latency, throughput and errors, as a table
 //! (stderr) and as JSON (stdout or `--json FILE`). A call counts as ok when
 //! its output is as long as its input (the bench's function is `cat`).
@@ -80,9 +81,20 @@ impl Client {
 #[derive(Debug, Parser)]
 #[command(about = "RunFunction load client for fnrun benchmarks")]
 struct Args {
-    /// The daemon's unix socket.
-    #[arg(long)]
-    socket: PathBuf,
+    /// The daemon's unix socket (as `--target unix:PATH`).
+    #[arg(long, conflicts_with = "target", required_unless_present = "target")]
+    socket: Option<PathBuf>,
+    /// The daemon's listener: unix:PATH, unix-abstract:NAME or HOST:PORT
+    /// (h2c; TLS with `--ca`).
+    #[arg(long, value_name = "ADDR")]
+    target: Option<String>,
+    /// Speak TLS to HOST:PORT, verifying the server's certificate with this
+    /// CA (PEM) and `--server-name`.
+    #[arg(long, value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// The name the server's certificate must have (with `--ca`).
+    #[arg(long, default_value = "localhost")]
+    server_name: String,
     /// The function image (as the daemon resolves it, e.g. oci:/path:tag).
     #[arg(long)]
     image: String,
@@ -126,9 +138,30 @@ struct Args {
     api: Api,
 }
 
-async fn connect(path: PathBuf, api: Api) -> Result<Client> {
-    let channel = fnrun_tests::client::channel_unix(&path).await?;
-    Ok(match api {
+/// A channel to the listener `args` name.
+async fn channel(args: &Args) -> Result<Channel> {
+    use fnrun_tests::client;
+    let target = match (&args.socket, &args.target) {
+        (Some(path), _) => return client::channel_unix(path).await,
+        (None, Some(target)) => target,
+        (None, None) => bail!("give --target or --socket"),
+    };
+    if let Some(path) = target.strip_prefix("unix:") {
+        return client::channel_unix(std::path::Path::new(path)).await;
+    }
+    if let Some(name) = target.strip_prefix("unix-abstract:") {
+        return client::channel_abstract(name).await;
+    }
+    client::channel_tcp(
+        target,
+        args.ca.as_deref().map(|ca| (ca, args.server_name.as_str())),
+    )
+    .await
+}
+
+async fn connect(args: &Args) -> Result<Client> {
+    let channel = channel(args).await?;
+    Ok(match args.api {
         Api::RunFunction => Client::RunFunction(
             ContainerizedFunctionRunnerServiceClient::new(channel)
                 .max_decoding_message_size(64 << 20)
@@ -166,7 +199,7 @@ async fn run_level(args: &Args, input: &Arc<Vec<u8>>, c: usize) -> Result<Level>
     // One connection per worker: no HTTP/2 stream sharing between workers.
     let mut clients = Vec::with_capacity(c);
     for _ in 0..c {
-        clients.push(connect(args.socket.clone(), args.api).await?);
+        clients.push(connect(args).await?);
     }
     let timeout = Duration::from_secs(args.call_timeout);
     let grpc_deadline = args.deadline.map(Duration::from_secs);
