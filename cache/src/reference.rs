@@ -15,8 +15,12 @@ use crate::digest::{Digest, DigestError, truncate};
 pub const DOCKER_HUB: &str = "index.docker.io";
 
 const DEFAULT_TAG: &str = "latest";
-/// distribution/reference: a name (registry + repository) is at most 255 bytes.
+/// distribution/reference: a name (registry + repository) is at most 255 bytes,
+/// a Docker Hub name counted as `docker.io/REPOSITORY` (as Docker counts it,
+/// whatever the reference spelt).
 const MAX_NAME_LEN: usize = 255;
+/// The registry name Docker counts a Docker Hub name's length with.
+const DOCKER_HUB_SHORT: &str = "docker.io";
 const MAX_TAG_LEN: usize = 128;
 
 /// An image reference refused by the parser.
@@ -114,7 +118,8 @@ pub enum ImageRef {
     /// An image in a registry. `tag` is `latest` when neither a tag nor a digest was given.
     #[non_exhaustive]
     Registry {
-        /// Registry host with an optional port, lower-case, e.g. `index.docker.io`, `localhost:5000`.
+        /// Registry host with an optional port, as the reference spells it
+        /// (Docker keeps its case too), e.g. `index.docker.io`, `localhost:5000`.
         registry: String,
         /// Repository path, e.g. `library/busybox`.
         repository: String,
@@ -270,14 +275,14 @@ fn parse_registry(s: &str, default_registry: &str) -> Result<ImageRef, Reference
                 let registry = truncate(first);
                 invalid(s, ReferenceProblem::Registry { registry, problem })
             })?;
-            (first.to_ascii_lowercase(), rest)
+            (first.to_owned(), rest)
         }
         _ => {
             validate_registry(default_registry).map_err(|problem| {
                 let registry = truncate(default_registry);
                 invalid(s, ReferenceProblem::DefaultRegistry { registry, problem })
             })?;
-            (default_registry.to_ascii_lowercase(), name)
+            (default_registry.to_owned(), name)
         }
     };
     let registry = if registry == "docker.io" {
@@ -291,7 +296,12 @@ fn parse_registry(s: &str, default_registry: &str) -> Result<ImageRef, Reference
     } else {
         repository.to_owned()
     };
-    if registry.len() + 1 + repository.len() > MAX_NAME_LEN {
+    let counted = if registry == DOCKER_HUB {
+        DOCKER_HUB_SHORT
+    } else {
+        &registry
+    };
+    if counted.len() + 1 + repository.len() > MAX_NAME_LEN {
         return Err(invalid(s, ReferenceProblem::NameTooLong));
     }
     let tag = match (tag, &digest) {
@@ -497,8 +507,8 @@ mod tests {
             (
                 "Registry.Example.COM/fn",
                 hub,
-                reg("registry.example.com", "fn", Some("latest"), None),
-                "registry.example.com/fn:latest".into(),
+                reg("Registry.Example.COM", "fn", Some("latest"), None),
+                "Registry.Example.COM/fn:latest".into(),
             ),
             (
                 "[::1]:5000/fn:v1",
@@ -557,6 +567,52 @@ mod tests {
             }
         );
         assert_eq!(r.to_string(), "oci-archive:/tmp/img.tar:v1");
+    }
+
+    /// Where fnrun's parser and the distribution spec's grammar (as Docker's
+    /// distribution/reference and oci-spec implement it) could read a
+    /// reference differently, what fnrun decides (issue 18).
+    #[test]
+    fn decisions_against_the_distribution_spec() {
+        let hub = DOCKER_HUB;
+        // The registry keeps its case: the grammar allows upper case in a
+        // domain and Docker keeps it; fnrun used to lower-case it.
+        assert_eq!(
+            parse("Example.COM:5000/fn:v1", hub).unwrap(),
+            reg("Example.COM:5000", "fn", Some("v1"), None)
+        );
+        // `docker.io` is Docker Hub only as spelt so (Docker compares it
+        // exactly).
+        assert_eq!(
+            parse("Docker.io/fn:v1", hub).unwrap(),
+            reg("Docker.io", "fn", Some("v1"), None)
+        );
+        // A Docker Hub name's length is counted as `docker.io/library/NAME`,
+        // as Docker counts it: a short name of 237 characters is 255 in all.
+        let at_limit = "a".repeat(255 - "docker.io/library/".len());
+        assert_eq!(
+            parse(&at_limit, hub).unwrap(),
+            reg(hub, &format!("library/{at_limit}"), Some("latest"), None)
+        );
+        assert!(parse(&format!("docker.io/library/{at_limit}"), hub).is_ok());
+        assert!(parse(&format!("index.docker.io/library/{at_limit}"), hub).is_ok());
+        assert_eq!(
+            parse(&format!("{at_limit}a"), hub).unwrap_err().reason,
+            ReferenceProblem::NameTooLong
+        );
+        // Other registries count their own name.
+        let other = format!("example.com/{}", "a".repeat(255 - "example.com/".len()));
+        assert!(parse(&other, hub).is_ok());
+        assert!(parse(&format!("{other}a"), hub).is_err());
+        // Stricter than the spec, by design: a digest is sha256 with lower-case
+        // hex only (the one algorithm the store verifies; the spec registers
+        // sha512 too), and repositories are lower-case (as Docker requires).
+        for stricter in [
+            "fn@sha512:ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+            "example.com/Fn:v1",
+        ] {
+            assert!(parse(stricter, hub).is_err(), "{stricter}");
+        }
     }
 
     #[test]
