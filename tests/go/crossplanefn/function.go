@@ -13,11 +13,14 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	fnv1 "github.com/crossplane/crossplane/v2/proto/fn/v1"
-	fnv1beta1 "github.com/crossplane/crossplane/v2/proto/fn/v1beta1"
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	fnv1beta1 "github.com/crossplane/function-sdk-go/proto/v1beta1"
 )
 
-// responseTTL is the ttl of every response, function-sdk-go's default.
+// responseTTL is the ttl of every response, function-sdk-go's default
+// (response.DefaultTTL). Its response package is not used: it pulls in
+// Kubernetes' apimachinery, which makes this binary three times larger and
+// slower to start in every sandbox of the tests.
 const responseTTL = time.Minute
 
 // function answers RunFunction for both API versions: v1beta1 messages are
@@ -107,16 +110,19 @@ func (f *function) label(version string, req *fnv1.RunFunctionRequest) (*fnv1.Ru
 		}
 		labelled++
 	}
+	// As function-sdk-go's response.Normalf: a Normal result for the XR.
 	rsp.Results = append(rsp.Results, &fnv1.Result{
 		Severity: fnv1.Severity_SEVERITY_NORMAL,
 		Message: fmt.Sprintf("%s (%s): labelled %d desired composed resources with %s=%s",
 			f.o.name, version, labelled, f.o.labelKey, f.o.labelValue),
+		Target: fnv1.Target_TARGET_COMPOSITE.Enum(),
 	})
 	return rsp, nil
 }
 
-// to starts a response to req as function-sdk-go's response.To does: the
-// request's tag, a ttl, its desired state and its context.
+// to starts a response to req as function-sdk-go's response.To does (the
+// request's tag, a ttl, the desired state and the context), with a desired
+// state even when the request has none.
 func to(req *fnv1.RunFunctionRequest) *fnv1.RunFunctionResponse {
 	rsp := &fnv1.RunFunctionResponse{
 		Meta:    &fnv1.ResponseMeta{Tag: req.GetMeta().GetTag(), Ttl: durationpb.New(responseTTL)},

@@ -24,7 +24,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io/ioutil"
 	"net"
 	"os"
 	"path/filepath"
@@ -37,8 +36,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
-	fnv1 "github.com/crossplane/crossplane/v2/proto/fn/v1"
-	fnv1beta1 "github.com/crossplane/crossplane/v2/proto/fn/v1beta1"
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	fnv1beta1 "github.com/crossplane/function-sdk-go/proto/v1beta1"
 )
 
 // options are the command line.
@@ -182,7 +181,7 @@ func credentialsFor(o *options) (credentials.TransportCredentials, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot load the X509 key pair: %w", err)
 	}
-	ca, err := ioutil.ReadFile(filepath.Join(o.tlsCertsDir, "ca.crt"))
+	ca, err := os.ReadFile(filepath.Join(o.tlsCertsDir, "ca.crt"))
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the CA certificate: %w", err)
 	}

@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	fnv1 "github.com/crossplane/crossplane/v2/proto/fn/v1"
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 )
 
 // neverListen never returns.

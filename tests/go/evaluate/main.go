@@ -10,7 +10,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io/ioutil"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -50,9 +50,9 @@ func main() {
 	var in []byte
 	var err error
 	if *input == "-" {
-		in, err = ioutil.ReadAll(os.Stdin)
+		in, err = io.ReadAll(os.Stdin)
 	} else {
-		in, err = ioutil.ReadFile(*input)
+		in, err = os.ReadFile(*input)
 	}
 	if err != nil {
 		fail(err)
@@ -64,7 +64,7 @@ func main() {
 	}
 	if *abstract {
 		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", "@"+strings.TrimPrefix(addr, "unix-abstract:"))
+			return (&net.Dialer{}).DialContext(ctx, "unix", abstractAddress(addr))
 		}))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -108,4 +108,15 @@ func main() {
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "evaluate:", err)
 	os.Exit(2)
+}
+
+// abstractAddress is the abstract socket address for what grpc-go gives a
+// dialer of its own for a unix-abstract:NAME target: the target itself
+// (grpc-go before 1.34), or "unix:@NAME" now that grpc-go resolves that
+// scheme itself.
+func abstractAddress(addr string) string {
+	for _, prefix := range []string{"unix-abstract:", "unix:", "@"} {
+		addr = strings.TrimPrefix(addr, prefix)
+	}
+	return "@" + addr
 }

@@ -14,13 +14,13 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io/ioutil"
+	"io"
 	"net"
 	"os"
 	"strings"
 	"time"
 
-	pb "github.com/crossplane/crossplane/apis/apiextensions/fn/proto/v1alpha1"
+	pb "fnrun.test/gen/v1alpha1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 )
@@ -42,9 +42,9 @@ func main() {
 	var in []byte
 	var err error
 	if *input == "-" {
-		in, err = ioutil.ReadAll(os.Stdin)
+		in, err = io.ReadAll(os.Stdin)
 	} else {
-		in, err = ioutil.ReadFile(*input)
+		in, err = os.ReadFile(*input)
 	}
 	if err != nil {
 		fail(err)
@@ -63,7 +63,7 @@ func main() {
 		}))
 	case "unix-abstract":
 		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", "@"+strings.TrimPrefix(addr, "unix-abstract:"))
+			return (&net.Dialer{}).DialContext(ctx, "unix", abstractAddress(addr))
 		}))
 	default:
 		fail(fmt.Errorf("-dial %q: want unix or unix-abstract", *dial))
@@ -96,4 +96,15 @@ func main() {
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "runfunction:", err)
 	os.Exit(2)
+}
+
+// abstractAddress is the abstract socket address for what grpc-go gives a
+// dialer of its own for a unix-abstract:NAME target: the target itself
+// (grpc-go before 1.34), or "unix:@NAME" now that grpc-go resolves that
+// scheme itself.
+func abstractAddress(addr string) string {
+	for _, prefix := range []string{"unix-abstract:", "unix:", "@"} {
+		addr = strings.TrimPrefix(addr, prefix)
+	}
+	return "@" + addr
 }

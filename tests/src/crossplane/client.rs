@@ -15,7 +15,7 @@ use crate::process::run_capture;
 
 /// The `crossplaneclient` binary, built once.
 pub fn client_binary() -> Result<PathBuf> {
-    Toolchain::find()?.build("crossplaneclient", &super::protos()?)
+    Toolchain::find()?.build("crossplaneclient", &[])
 }
 
 /// Which RunFunction to call.
@@ -52,7 +52,6 @@ pub struct Call {
     api: Api,
     request: Vec<u8>,
     timeout: Duration,
-    enforce_alpn: bool,
     wrapper: Vec<String>,
 }
 
@@ -83,7 +82,6 @@ impl Call {
             api: Api::Auto,
             request: b"{}".to_vec(),
             timeout: Duration::from_secs(30),
-            enforce_alpn: true,
             wrapper: Vec::new(),
         }
     }
@@ -128,13 +126,6 @@ impl Call {
         self
     }
 
-    /// Whether a TLS server must negotiate ALPN h2 (default true, as
-    /// grpc-go 1.67 and later, Crossplane's client, require).
-    pub fn enforce_alpn(mut self, enforce: bool) -> Self {
-        self.enforce_alpn = enforce;
-        self
-    }
-
     /// Runs the client under `wrapper`, a command and its arguments that run
     /// the rest: `nsenter --net=/proc/PID/ns/net --` calls from another
     /// network namespace.
@@ -155,7 +146,6 @@ impl Call {
         cmd.arg(format!("-address={}", self.address))
             .arg("-request=-")
             .arg(format!("-timeout={}ms", self.timeout.as_millis()))
-            .arg(format!("-enforce-alpn={}", self.enforce_alpn))
             .arg(format!(
                 "-api={}",
                 match self.api {

@@ -92,7 +92,7 @@ impl Variant {
 
 /// The `crossplanefn` binary (static, `CGO_ENABLED=0`), built once.
 pub fn function_binary() -> Result<PathBuf> {
-    Toolchain::find()?.build("crossplanefn", &super::protos()?)
+    Toolchain::find()?.build("crossplanefn", &[])
 }
 
 /// The image of `variant` with its defaults: see [`GoFunction::image`].
