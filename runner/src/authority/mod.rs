@@ -102,7 +102,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for NormalizeAuthority<IO> {
             this.rewriter.feed(&mut this.input, &mut this.output);
             this.log();
             if let Some(why) = this.rewriter.refusal() {
-                tracing::debug!("unix connection: {why}; the server ends it");
+                tracing::info!("unix connection refused: {why}; the server ends it");
             }
         }
     }
