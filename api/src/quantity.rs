@@ -144,6 +144,42 @@ pub fn parse_memory(input: &str) -> Result<u64, Error> {
         .ok_or_else(|| Error::new(input, "it is too large"))
 }
 
+/// A number of bytes as a Kubernetes memory quantity, in the largest unit
+/// that holds it exactly, binary first (`33554432` is `32Mi`, `100000000` is
+/// `100M`), as users write limits; `N bytes` when no unit does.
+pub fn format_memory(bytes: u64) -> String {
+    const BINARY: [(&str, u32); 6] = [
+        ("Ei", 60),
+        ("Pi", 50),
+        ("Ti", 40),
+        ("Gi", 30),
+        ("Mi", 20),
+        ("Ki", 10),
+    ];
+    const DECIMAL: [(&str, u64); 6] = [
+        ("E", 1_000_000_000_000_000_000),
+        ("P", 1_000_000_000_000_000),
+        ("T", 1_000_000_000_000),
+        ("G", 1_000_000_000),
+        ("M", 1_000_000),
+        ("k", 1_000),
+    ];
+    if bytes == 0 {
+        return "0".to_owned();
+    }
+    for (suffix, shift) in BINARY {
+        if bytes.trailing_zeros() >= shift {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    for (suffix, unit) in DECIMAL {
+        if bytes % unit == 0 {
+            return format!("{}{suffix}", bytes / unit);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
 /// Parses a CPU quantity into millicores.
 pub fn parse_cpu_millis(input: &str) -> Result<u64, Error> {
     Quantity::parse(input)?
@@ -173,6 +209,26 @@ mod tests {
             ("0", 0),
         ] {
             assert_eq!(parse_memory(q).unwrap(), bytes, "{q}");
+        }
+    }
+
+    #[test]
+    fn memory_is_written_in_the_units_users_write() {
+        for (bytes, text) in [
+            (32 << 20, "32Mi"),
+            (1 << 30, "1Gi"),
+            (3 << 29, "1536Mi"),
+            (2048, "2Ki"),
+            (100_000_000, "100M"),
+            (1_000, "1k"),
+            (1_500, "1500 bytes"),
+            (0, "0"),
+            (u64::MAX, "18446744073709551615 bytes"),
+        ] {
+            assert_eq!(format_memory(bytes), text, "{bytes}");
+        }
+        for q in ["32Mi", "1Gi", "100M", "2Ki", "64Mi", "1k"] {
+            assert_eq!(format_memory(parse_memory(q).unwrap()), q);
         }
     }
 

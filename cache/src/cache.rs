@@ -114,6 +114,16 @@ impl Cache {
         })
     }
 
+    /// Opens the cache at `config.root` as [`Cache::open`] does, but only if it
+    /// is one already: for commands that read or tidy a cache (list, verify,
+    /// prune), which must not leave a cache's directories behind in whatever
+    /// directory they were given. Otherwise fails with
+    /// [`crate::StoreError::NotACache`] (kind [`crate::ErrorKind::NotFound`]).
+    pub fn open_existing(config: CacheConfig) -> Result<Cache, Error> {
+        Store::check_existing(&config.root)?;
+        Cache::open(config)
+    }
+
     /// The cache directory (absolute).
     pub fn root(&self) -> &Path {
         self.inner.store.root()

@@ -17,7 +17,7 @@ use fnrun_cache::{Cache, CacheConfig, CachedImage};
 pub struct CacheCmdArgs {
     /// Cache directory [default: $FNRUN_CACHE_DIR, else /var/cache/fnrun as
     /// root, else $XDG_CACHE_HOME/fnrun].
-    #[arg(long, env = "FNRUN_CACHE_DIR", global = true)]
+    #[arg(long, env = "FNRUN_CACHE_DIR", global = true, value_parser = crate::config::parse_path)]
     pub cache_dir: Option<PathBuf>,
     #[command(subcommand)]
     pub action: CacheAction,
@@ -50,11 +50,31 @@ pub fn main(args: CacheCmdArgs) -> ExitCode {
 }
 
 fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
-    let root = args
-        .cache_dir
-        .unwrap_or_else(crate::config::default_cache_dir);
-    let cache = Cache::open(CacheConfig::new(&root))
-        .map_err(|e| anyhow::anyhow!("cannot open the cache at {}: {e}", root.display()))?;
+    let root = match args.cache_dir {
+        Some(dir) => dir,
+        None => {
+            let dir = crate::config::default_cache_dir()?;
+            // The default cache before anything was pulled: nothing to list,
+            // verify or prune, and nothing is created to say so.
+            if !dir.exists() {
+                if let CacheAction::List = args.action {
+                    print!("{}", table(&[], SystemTime::now()));
+                } else {
+                    println!("no cache at {} yet: nothing was pulled", dir.display());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            dir
+        }
+    };
+    // These commands read or tidy a cache: a directory that is not one is an
+    // error, and is left as it was.
+    let cache = Cache::open_existing(CacheConfig::new(&root)).map_err(|e| match e.kind() {
+        fnrun_cache::ErrorKind::NotFound => {
+            anyhow::anyhow!("{e} (give the cache directory with --cache-dir or $FNRUN_CACHE_DIR)")
+        }
+        _ => anyhow::anyhow!("cannot open the cache at {}: {e}", root.display()),
+    })?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -1,6 +1,6 @@
 //! Command-line flags, and building the cache, sandbox and runner from them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -53,7 +53,7 @@ pub enum Command {
 pub struct CacheArgs {
     /// Cache directory [default: $FNRUN_CACHE_DIR, else /var/cache/fnrun as
     /// root, else $XDG_CACHE_HOME/fnrun].
-    #[arg(long, env = "FNRUN_CACHE_DIR")]
+    #[arg(long, env = "FNRUN_CACHE_DIR", value_parser = crate::config::parse_path)]
     pub cache_dir: Option<PathBuf>,
     /// Default registry for unqualified image references.
     #[arg(long, default_value = fnrun_cache::DOCKER_HUB)]
@@ -65,7 +65,7 @@ pub struct CacheArgs {
     pub insecure_registries: Vec<String>,
     /// PEM file of CA certificates trusted for HTTPS registries, in addition
     /// to the system roots.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = crate::config::parse_path)]
     pub ca_bundle: Option<PathBuf>,
     /// Largest unpacked size of one image.
     #[arg(long, default_value = "4Gi", value_parser = parse_size)]
@@ -86,7 +86,7 @@ pub struct SandboxArgs {
     pub max_output_bytes: u64,
     /// A seccomp profile file (JSON, see docs/seccomp.md) to use instead of
     /// the default profile.
-    #[arg(long, value_name = "FILE", conflicts_with = "seccomp_unconfined")]
+    #[arg(long, value_name = "FILE", conflicts_with = "seccomp_unconfined", value_parser = crate::config::parse_path)]
     pub seccomp_profile: Option<PathBuf>,
     /// Run functions without a seccomp filter (not recommended).
     #[arg(long)]
@@ -131,13 +131,13 @@ pub struct ServeArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
     /// TLS certificate (PEM) for TCP listeners; unix sockets stay plain.
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    #[arg(long, value_name = "FILE", requires = "tls_key", value_parser = crate::config::parse_path)]
     pub tls_cert: Option<PathBuf>,
     /// TLS private key (PEM) for `--tls-cert`.
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    #[arg(long, value_name = "FILE", requires = "tls_cert", value_parser = crate::config::parse_path)]
     pub tls_key: Option<PathBuf>,
     /// CA bundle (PEM): TCP clients must present a certificate it signed (mTLS).
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    #[arg(long, value_name = "FILE", requires = "tls_cert", value_parser = crate::config::parse_path)]
     pub tls_client_ca: Option<PathBuf>,
     /// Only run images from this registry (HOST[:PORT]; `oci` for local
     /// layouts). Repeatable; default: any.
@@ -295,16 +295,117 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
-pub fn default_cache_dir() -> PathBuf {
-    if nix::unistd::geteuid().is_root() {
-        return PathBuf::from("/var/cache/fnrun");
+/// A path the user gives, made absolute against the working directory once,
+/// as the command line is read: the sandbox's spawner, the daemon's tasks and
+/// the mount code do not run from it (a relative `--cache-dir ./c` failed
+/// every run with ENOENT). Symlinks are left as they are.
+pub fn parse_path(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("the path is empty".to_owned());
     }
-    std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("fnrun")
+    std::path::absolute(s).map_err(|e| format!("cannot make {s:?} absolute: {e}"))
+}
+
+/// The cache directory when none is given: `/var/cache/fnrun` as root, else
+/// `$XDG_CACHE_HOME/fnrun`, else `$HOME/.cache/fnrun`, else the home of the
+/// user's passwd entry (a service user without `HOME`), else a private
+/// `/tmp/fnrun-UID` (never the shared `/tmp/fnrun`: another user could
+/// create it first and replace the layers functions run from). Whichever
+/// it is, if it exists it must be this user's and writable by no one else.
+pub fn default_cache_dir() -> anyhow::Result<PathBuf> {
+    let uid = nix::unistd::geteuid();
+    let (dir, private_tmp) = default_cache_location(
+        uid.is_root(),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+        || {
+            nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map(|u| u.dir)
+        },
+        uid.as_raw(),
+    );
+    if private_tmp {
+        use std::os::unix::fs::DirBuilderExt;
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => anyhow::bail!(
+                "cannot create the cache directory {} ({e}); give one with --cache-dir",
+                dir.display()
+            ),
+        }
+    }
+    check_private(&dir, uid.as_raw())?;
+    Ok(dir)
+}
+
+/// Where the default cache is (see [`default_cache_dir`]), and whether it is
+/// the `/tmp` fallback that fnrun creates itself.
+fn default_cache_location(
+    root: bool,
+    xdg_cache_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+    passwd_home: impl FnOnce() -> Option<PathBuf>,
+    uid: u32,
+) -> (PathBuf, bool) {
+    if root {
+        return (PathBuf::from("/var/cache/fnrun"), false);
+    }
+    // As podman and skopeo read them: only absolute values count.
+    let absolute = |v: Option<std::ffi::OsString>| {
+        v.map(PathBuf::from)
+            .filter(|p| p.is_absolute() && p != Path::new("/"))
+    };
+    if let Some(dir) = absolute(xdg_cache_home) {
+        return (dir.join("fnrun"), false);
+    }
+    if let Some(home) =
+        absolute(home).or_else(|| passwd_home().filter(|p| p.is_absolute() && p != Path::new("/")))
+    {
+        return (home.join(".cache/fnrun"), false);
+    }
+    (PathBuf::from(format!("/tmp/fnrun-{uid}")), true)
+}
+
+/// Refuses a default cache directory (if it exists) that is not a directory
+/// of `uid`'s, or that others may write to: whoever can write it can replace
+/// the layers functions run from.
+fn check_private(dir: &Path, uid: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => anyhow::bail!(
+            "cannot inspect the cache directory {} ({e}); give one with --cache-dir",
+            dir.display()
+        ),
+    };
+    let problem = if !meta.is_dir() {
+        Some("is not a directory".to_owned())
+    } else if meta.uid() != uid {
+        Some(format!(
+            "is owned by uid {}, not by this user ({uid})",
+            meta.uid()
+        ))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "is writable by other users (mode {:o})",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => anyhow::bail!(
+            "the default cache directory {} {problem}: another user could replace the \
+             layers functions run from; give a directory of your own with --cache-dir \
+             (or $FNRUN_CACHE_DIR)",
+            dir.display()
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Builds the runner from flags.
@@ -313,7 +414,10 @@ pub fn build_runner(
     sandbox: &SandboxArgs,
     admission: Admission,
 ) -> anyhow::Result<Runner> {
-    let root = cache.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let root = match &cache.cache_dir {
+        Some(dir) => dir.clone(),
+        None => default_cache_dir()?,
+    };
     let id_map = IdMap::detect(sandbox.map_root_uid, sandbox.map_root_gid);
     let owner = match id_map {
         IdMap::Range {
@@ -395,6 +499,75 @@ mod tests {
             parse_duration("18446744073709550000s18446744073709550000s").unwrap_err(),
             "\"18446744073709550000s18446744073709550000s\" is longer than a duration may be (8760h)"
         );
+    }
+
+    #[test]
+    fn paths_are_made_absolute_at_start() {
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(parse_path("./c").unwrap(), cwd.join("c"));
+        assert_eq!(parse_path("c/d").unwrap(), cwd.join("c/d"));
+        assert_eq!(parse_path("/abs").unwrap(), PathBuf::from("/abs"));
+        assert_eq!(parse_path("").unwrap_err(), "the path is empty");
+        let cli = Cli::try_parse_from(["fnrun", "run", "--cache-dir", "./c", "img"]).unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!()
+        };
+        assert_eq!(r.cache.cache_dir, Some(cwd.join("c")));
+    }
+
+    #[test]
+    fn the_default_cache_is_never_the_shared_tmp() {
+        let os = |s: &str| Some(std::ffi::OsString::from(s));
+        let none = || None;
+        assert_eq!(
+            default_cache_location(true, os("/x"), os("/h"), none, 0),
+            (PathBuf::from("/var/cache/fnrun"), false)
+        );
+        assert_eq!(
+            default_cache_location(false, os("/x"), os("/h"), none, 1000),
+            (PathBuf::from("/x/fnrun"), false)
+        );
+        // A relative or empty XDG_CACHE_HOME is ignored, as podman does.
+        assert_eq!(
+            default_cache_location(false, os("rel"), os("/h"), none, 1000),
+            (PathBuf::from("/h/.cache/fnrun"), false)
+        );
+        // A service user without HOME: the passwd entry's home.
+        assert_eq!(
+            default_cache_location(false, None, None, || Some(PathBuf::from("/srv/svc")), 1000),
+            (PathBuf::from("/srv/svc/.cache/fnrun"), false)
+        );
+        // No home at all (or `/`): a private directory of this uid's.
+        assert_eq!(
+            default_cache_location(false, os(""), None, || Some(PathBuf::from("/")), 1000),
+            (PathBuf::from("/tmp/fnrun-1000"), true)
+        );
+    }
+
+    #[test]
+    fn a_default_cache_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let uid = nix::unistd::geteuid().as_raw();
+        let dir = tmp.path().join("fnrun");
+        check_private(&dir, uid).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        check_private(&dir, uid).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = check_private(&dir, uid).unwrap_err().to_string();
+        assert!(e.contains("is writable by other users (mode 1777)"), "{e}");
+        assert!(e.contains("--cache-dir"), "{e}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = check_private(&dir, uid + 1).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("is owned by uid {uid}, not by this user")),
+            "{e}"
+        );
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let e = check_private(&link, uid).unwrap_err().to_string();
+        assert!(e.contains("is not a directory"), "{e}");
     }
 
     #[test]

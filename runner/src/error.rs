@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use fnrun_api::quantity::format_memory;
 use fnrun_api::resourcelist::{self, ResourceList};
 use fnrun_api::text;
 use fnrun_cache::ErrorKind as CacheKind;
@@ -88,7 +89,7 @@ pub enum RunError {
     Image(#[from] fnrun_cache::Error),
     #[error("{0}")]
     User(#[from] crate::user::UserError),
-    #[error("{0}")]
+    #[error("{}{}", .0, best_effort_hint(.0))]
     Sandbox(#[from] fnrun_sandbox::Error),
     #[error("function exited with code {code}{}", stderr_suffix(.stderr))]
     FunctionFailed { code: i32, stderr: String },
@@ -96,7 +97,7 @@ pub enum RunError {
     FunctionKilled { signal: i32, stderr: String },
     #[error("function ran past its timeout of {}{}", humantime(*.timeout), stderr_suffix(.stderr))]
     TimedOut { timeout: Duration, stderr: String },
-    #[error("function exceeded its memory limit of {limit} bytes and was killed{}", stderr_suffix(.stderr))]
+    #[error("function exceeded its memory limit of {} and was killed{}", format_memory(*.limit), stderr_suffix(.stderr))]
     OutOfMemory { limit: u64, stderr: String },
     #[error("function output exceeds the limit of {limit} bytes")]
     OutputTooLarge { limit: usize },
@@ -172,6 +173,16 @@ pub enum RequestError {
     AuthNotUserPassword,
 }
 
+/// For a limit this host cannot enforce: the flag that runs without it.
+fn best_effort_hint(e: &SandboxError) -> &'static str {
+    match e {
+        SandboxError::LimitUnavailable { .. } => {
+            " (fnrun's --best-effort-limits runs the function without it, with a warning)"
+        }
+        _ => "",
+    }
+}
+
 /// `; stderr: TAIL`, the tail bounded to [`STDERR_QUOTE_MAX`]; nothing if the
 /// function wrote nothing.
 fn stderr_suffix(stderr: &str) -> String {
@@ -236,6 +247,31 @@ impl RunError {
         }
     }
 
+    /// The function's own stderr tail, when the function ran and failed.
+    pub fn function_stderr(&self) -> Option<&str> {
+        match self {
+            RunError::FunctionFailed { stderr, .. }
+            | RunError::FunctionKilled { stderr, .. }
+            | RunError::TimedOut { stderr, .. }
+            | RunError::OutOfMemory { stderr, .. }
+            | RunError::InvalidOutput { stderr, .. }
+            | RunError::KrmFunctionFailed { stderr, .. } => Some(stderr),
+            _ => None,
+        }
+    }
+
+    /// The message without the `; stderr: ...` it ends with, for where the
+    /// function's stderr is shown on its own.
+    pub fn without_stderr(&self) -> String {
+        let message = self.to_string();
+        match self.function_stderr() {
+            Some(stderr) => message
+                .strip_suffix(&stderr_suffix(stderr))
+                .map_or(message.clone(), str::to_owned),
+            None => message,
+        }
+    }
+
     /// A short outcome label for logs and metrics.
     pub fn outcome(&self) -> &'static str {
         match self {
@@ -274,6 +310,8 @@ mod tests {
         };
         assert_eq!(e.to_string(), "function exited with code 3; stderr: boom");
         assert_eq!(e.class(), Class::Aborted);
+        assert_eq!(e.function_stderr(), Some("boom\n"));
+        assert_eq!(e.without_stderr(), "function exited with code 3");
         let e = RunError::TimedOut {
             timeout: Duration::from_secs(25),
             stderr: String::new(),
@@ -341,6 +379,27 @@ mod tests {
         let long = bounded(&"y".repeat(100_000), LINE_MAX);
         assert!(long.len() <= LINE_MAX);
         assert!(long.contains("bytes elided"));
+    }
+
+    #[test]
+    fn limits_are_named_in_the_users_units_and_flags() {
+        let e = RunError::OutOfMemory {
+            limit: 32 << 20,
+            stderr: String::new(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "function exceeded its memory limit of 32Mi and was killed"
+        );
+        let e = RunError::Sandbox(SandboxError::LimitUnavailable {
+            what: "memory",
+            why: "no cgroup".into(),
+        });
+        assert!(
+            e.to_string()
+                .ends_with("--best-effort-limits runs the function without it, with a warning)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -97,7 +97,7 @@ pub struct FunctionOptions {
     pub env: Vec<String>,
     /// Registry credentials from this `.dockerconfigjson` (a pull secret's)
     /// instead of ~/.docker/config.json.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = crate::config::parse_path)]
     pub pull_secret: Option<PathBuf>,
     /// The function's name in logs and metrics [default: from the image].
     #[arg(long)]
@@ -148,12 +148,7 @@ pub fn main(args: FunctionArgs) -> ExitCode {
     match args.command {
         FunctionCommand::Serve(args) => match serve(args) {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                let message = bounded(&format!("{e:#}"), LINE_MAX).replace('\n', "\\n");
-                tracing::error!("{message}");
-                eprintln!("fnrun: {message}");
-                ExitCode::from(crate::EXIT_FAILED)
-            }
+            Err(e) => crate::daemon_failed(&e, crate::EXIT_FAILED),
         },
         FunctionCommand::Call(args) => call(args),
     }

@@ -38,7 +38,7 @@ pub struct KrmArgs {
     pub krm: bool,
     /// The function's configuration: a file holding one KRM object (kpt's
     /// --fn-config). Replaces the input's functionConfig.
-    #[arg(long, value_name = "FILE", conflicts_with = "fn_args")]
+    #[arg(long, value_name = "FILE", conflicts_with = "fn_args", value_parser = crate::config::parse_path)]
     pub fn_config: Option<PathBuf>,
     /// Give the function the runner's network (--network-policy Runner).
     #[arg(long, conflicts_with = "network_policy")]
@@ -55,7 +55,7 @@ pub struct KrmArgs {
     pub mounts: Vec<String>,
     /// Write the function's results to DIR/results.yaml (kpt's
     /// FunctionResultList); DIR is created if missing.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = crate::config::parse_path)]
     pub results_dir: Option<PathBuf>,
     /// Print the function's own stderr instead of a summary (for kpt's
     /// `--exec` and Kptfile `exec:`, where kpt prints the results itself).
@@ -314,23 +314,24 @@ pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs) -> ExitCode {
         }
         Err(e) => {
             let code = crate::exit_code(e.class());
-            let (output, results, stderr) = match e {
-                RunError::KrmFunctionFailed {
-                    returned, stderr, ..
-                } => (
+            let (output, results) = match e {
+                RunError::KrmFunctionFailed { returned, .. } => (
                     returned.as_ref().map(|r| &r.output[..]),
                     returned.as_ref().map_or(&[][..], |r| &r.list.results[..]),
-                    stderr.as_bytes(),
                 ),
-                _ => (None, &[][..], &[][..]),
+                _ => (None, &[][..]),
             };
+            // The function's own stderr (a timed-out or killed function's
+            // too), for the summary and results.yaml.
+            let stderr = e.function_stderr().unwrap_or_default().as_bytes();
             let function_exit = match e {
                 RunError::KrmFunctionFailed { code, .. } => Some(*code),
                 _ => None,
             };
             let error = match function_exit {
-                // The summary shows the function's stderr: not twice.
+                // The summary shows the function's results and stderr: not twice.
                 Some(code) => format!("function exited with code {code}"),
+                None if !args.quiet => crate::error_line(&e.without_stderr()),
                 None => crate::error_line(e),
             };
             let report = Report {
@@ -364,7 +365,7 @@ pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs) -> ExitCode {
         write_summary(&mut stderr, &report, started)
     };
     if let Some(dir) = &args.results_dir {
-        match write_results(dir, &report) {
+        match write_results(dir, &report, started) {
             Ok(path) if !args.quiet => {
                 let _ = writeln!(stderr, "For complete results, see {}", path.display());
             }
@@ -451,16 +452,18 @@ fn truncate_to_millis(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Writes `DIR/results.yaml`, creating DIR (0755) if needed.
-fn write_results(dir: &Path, report: &Report<'_>) -> std::io::Result<PathBuf> {
+/// Writes `DIR/results.yaml`, creating DIR (0755) if needed. Its `stderr`
+/// is the function's own, as kpt records it; fnrun's message stands in only
+/// when the function never `started` (no image, say), as a container
+/// runtime's message would.
+fn write_results(dir: &Path, report: &Report<'_>, started: bool) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(dir)?;
     let stderr = match &report.error {
-        // What stopped fnrun, when the function did not run to its end.
-        Some(error) if report.stderr.is_empty() => error.clone(),
+        Some(error) if !started => error.clone(),
         _ => String::from_utf8_lossy(report.stderr).into_owned(),
     };
     let list = kpt::FunctionResultList::new(vec![kpt::FunctionResult {
@@ -648,13 +651,26 @@ mod tests {
         }];
         let path = write_results(
             &nested,
-            &report(&results, b"", Some("the function reported 1 error result")),
+            &report(
+                &results,
+                b"checking 1 object\n",
+                Some("the function reported 1 error result"),
+            ),
+            true,
         )
         .unwrap();
         let yaml = std::fs::read_to_string(path).unwrap();
         assert_eq!(
             yaml,
-            "apiVersion: kpt.dev/v1\nkind: FunctionResultList\nmetadata:\n  name: fnresults\nexitCode: 1\nitems:\n- image: example.org/fn:v1\n  stderr: the function reported 1 error result\n  exitCode: 1\n  results:\n  - message: bad\n    severity: error\n"
+            "apiVersion: kpt.dev/v1\nkind: FunctionResultList\nmetadata:\n  name: fnresults\nexitCode: 1\nitems:\n- image: example.org/fn:v1\n  stderr: |\n    checking 1 object\n  exitCode: 1\n  results:\n  - message: bad\n    severity: error\n"
         );
+        // A function that wrote nothing to stderr has an empty stderr, not
+        // fnrun's message; one that never started has fnrun's message.
+        write_results(&nested, &report(&results, b"", Some("reported")), true).unwrap();
+        let yaml = std::fs::read_to_string(nested.join("results.yaml")).unwrap();
+        assert!(!yaml.contains("reported"), "{yaml}");
+        write_results(&nested, &report(&[], b"", Some("image not found")), false).unwrap();
+        let yaml = std::fs::read_to_string(nested.join("results.yaml")).unwrap();
+        assert!(yaml.contains("stderr: image not found"), "{yaml}");
     }
 }

@@ -78,16 +78,14 @@ fn main() -> ExitCode {
         Command::Serve(args) => match serve::serve(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                let message = error_line(&format!("{e:#}"));
-                tracing::error!("{message}");
-                eprintln!("fnrun: {message}");
                 // A functions file that is not valid is a usage error, as a
                 // bad flag is.
-                if e.chain().any(|c| c.is::<host::catalogue::CatalogueError>()) {
-                    ExitCode::from(EXIT_USAGE)
+                let code = if e.chain().any(|c| c.is::<host::catalogue::CatalogueError>()) {
+                    EXIT_USAGE
                 } else {
-                    ExitCode::from(EXIT_FAILED)
-                }
+                    EXIT_FAILED
+                };
+                daemon_failed(&e, code)
             }
         },
         Command::Run(args) => run(args),
@@ -222,6 +220,19 @@ fn usage_error(e: clap::Error) -> ! {
     std::process::exit(e.exit_code());
 }
 
+/// A daemon (`serve`, `function serve`) that could not start or serve: its
+/// error once, as a log line in the chosen `--log-format` (a `fnrun:` line
+/// only when logging is filtered off, so that it is never lost).
+pub(crate) fn daemon_failed(e: &anyhow::Error, code: u8) -> ExitCode {
+    let message = error_line(&format!("{e:#}"));
+    if tracing::enabled!(tracing::Level::ERROR) {
+        tracing::error!("{message}");
+    } else {
+        eprintln!("fnrun: {message}");
+    }
+    ExitCode::from(code)
+}
+
 /// Error output is one line (the stderr tail of a function may have many) of
 /// at most [`LINE_MAX`] bytes (what it quotes may be megabytes long).
 fn error_line(e: &dyn std::fmt::Display) -> String {
@@ -270,12 +281,22 @@ fn pull(args: config::PullArgs) -> ExitCode {
         match result {
             Ok(img) => println!("{} {}", img.reference, img.digest),
             Err(e) => {
-                eprintln!("fnrun: {}", error_line(&format!("{image}: {e}")));
+                eprintln!("fnrun: {}", error_line(&pull_failure(image, &e)));
                 code = ExitCode::from(EXIT_FAILED);
             }
         }
     }
     code
+}
+
+/// `IMAGE: why`, naming the image once: most errors name it already.
+fn pull_failure(image: &str, e: &PullError) -> String {
+    let message = e.to_string();
+    if message.contains(image) {
+        message
+    } else {
+        format!("{image}: {message}")
+    }
 }
 
 /// Why `fnrun pull` failed for one image.
@@ -299,6 +320,16 @@ mod tests {
         let message = error::bounded(&e.render().to_string(), LINE_MAX);
         assert!(message.len() <= LINE_MAX, "{}", message.len());
         assert!(message.contains("bytes elided]"), "{message}");
+    }
+
+    #[test]
+    fn a_pull_failure_names_the_image_once() {
+        let e = PullError::Cache(
+            fnrun_cache::ImageRef::parse("r.io/A:1", fnrun_cache::DOCKER_HUB).unwrap_err(),
+        );
+        let line = pull_failure("r.io/A:1", &e);
+        assert!(line.contains("r.io/A:1"), "{line}");
+        assert_eq!(line.matches("r.io/A:1").count(), 1, "{line}");
     }
 
     #[test]

@@ -85,11 +85,7 @@ impl Cli {
 
     /// Runs `fnrun SUBCOMMAND [--cache-dir DIR] ARGS...` with `stdin`.
     pub fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Finished {
-        let bin = fnrun_bin();
-        let mut cmd = match &self.user {
-            Some(user) => user.command(&bin),
-            None => Command::new(&bin),
-        };
+        let mut cmd = self.command();
         if let Some((subcommand, rest)) = args.split_first() {
             cmd.arg(subcommand);
             if CACHE_COMMANDS.contains(subcommand) {
@@ -97,10 +93,41 @@ impl Cli {
             }
             cmd.args(rest);
         }
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("FNRUN_CACHE_DIR", self.cache_dir())
-            .current_dir(self.dir.path());
+        cmd.env("FNRUN_CACHE_DIR", self.cache_dir());
         run_capture(&mut cmd, stdin, CLI_GUARD)
+    }
+
+    /// Runs `fnrun ARGS...` as given, without this CLI's cache: neither
+    /// `--cache-dir` nor `$FNRUN_CACHE_DIR` is set, and `env` is applied last
+    /// (a `None` value unsets the variable). It runs in the scratch dir, so a
+    /// relative path in `args` is one in it.
+    pub fn run_as_given(
+        &self,
+        args: &[&str],
+        env: &[(&str, Option<&str>)],
+        stdin: Option<&[u8]>,
+    ) -> Finished {
+        let mut cmd = self.command();
+        cmd.args(args).env_remove("FNRUN_CACHE_DIR");
+        for (name, value) in env {
+            match value {
+                Some(value) => cmd.env(name, value),
+                None => cmd.env_remove(name),
+            };
+        }
+        run_capture(&mut cmd, stdin, CLI_GUARD)
+    }
+
+    /// `fnrun` as this CLI's user, with its environment, in the scratch dir.
+    fn command(&self) -> Command {
+        let bin = fnrun_bin();
+        let mut cmd = match &self.user {
+            Some(user) => user.command(&bin),
+            None => Command::new(&bin),
+        };
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(self.dir.path());
+        cmd
     }
 }
 

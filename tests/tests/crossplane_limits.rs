@@ -86,9 +86,9 @@ fn a_server_killed_by_its_memory_limit_fails_the_call_with_resource_exhausted() 
     let outcome = host.call("fn-hog").request(SAMPLE_REQUEST).run().unwrap();
     assert_eq!(outcome.code, tonic::Code::ResourceExhausted, "{outcome:?}");
     assert!(
-        outcome.message.contains(
-            "function fn-hog's server exceeded its memory limit of 67108864 bytes and was killed"
-        ),
+        outcome
+            .message
+            .contains("function fn-hog's server exceeded its memory limit of 64Mi and was killed"),
         "{outcome:?}"
     );
     // Started again on the next call, and killed again.

@@ -47,6 +47,13 @@ async fn exceeding_the_memory_limit_is_resource_exhausted() {
     .await
     .expect_err("killed");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    // In the units the limit was given in, not 33554432 bytes.
+    assert!(
+        status
+            .message()
+            .starts_with("function exceeded its memory limit of 32Mi and was killed"),
+        "{status:?}"
+    );
 }
 
 #[test]

@@ -60,12 +60,17 @@ pub enum StoreError {
     },
     #[error("stored blob {digest} at {path} does not match its digest; it was removed")]
     CorruptBlob { digest: String, path: PathBuf },
+    /// A command that only reads or tidies a cache was pointed at a
+    /// directory that is not one (it is left as it was).
+    #[error("{path} is not an fnrun cache: {why}")]
+    NotACache { path: PathBuf, why: &'static str },
 }
 
 impl StoreError {
     pub(crate) fn kind(&self) -> crate::ErrorKind {
         match self {
             StoreError::Io { .. } => crate::ErrorKind::Internal,
+            StoreError::NotACache { .. } => crate::ErrorKind::NotFound,
             _ => crate::ErrorKind::Corrupt,
         }
     }
@@ -162,6 +167,29 @@ fn lock_file(path: &Path, arg: FlockArg) -> Result<Flock<File>, StoreError> {
 impl Store {
     /// Opens (creating if needed) the store at `root` for layers unpacked as `owner_tag`,
     /// and removes the tmp/ leftovers of processes that are gone.
+    /// Fails with [`StoreError::NotACache`], creating nothing, unless `root`
+    /// holds a cache's own directories (`blobs/sha256`, `layers`, `refs`).
+    pub(crate) fn check_existing(root: &Path) -> Result<(), StoreError> {
+        let not = |why| StoreError::NotACache {
+            path: root.to_owned(),
+            why,
+        };
+        match fs::metadata(root) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(not("it is not a directory")),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(not("it does not exist"));
+            }
+            Err(e) => return Err(io_err("inspect", root)(e)),
+        }
+        let has = |dir: &str| fs::metadata(root.join(dir)).is_ok_and(|m| m.is_dir());
+        if ["blobs/sha256", "layers", "refs"].into_iter().all(has) {
+            Ok(())
+        } else {
+            Err(not("it has no blobs/, layers/ and refs/ directories"))
+        }
+    }
+
     pub(crate) fn open(root: &Path, owner_tag: &str) -> Result<Store, StoreError> {
         let existed = root.exists();
         fs::create_dir_all(root).map_err(io_err("create cache directory", root))?;
@@ -501,6 +529,47 @@ fn sweep(tmp: &Path, keep: &Path) -> Result<usize, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_cache_is_an_existing_cache_and_checking_creates_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("missing");
+        let err = Store::check_existing(&missing).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{} is not an fnrun cache: it does not exist",
+                missing.display()
+            )
+        );
+        assert_eq!(err.kind(), crate::ErrorKind::NotFound);
+        assert!(!missing.exists());
+        let unrelated = tmp.path().join("home");
+        fs::create_dir(&unrelated).unwrap();
+        fs::write(unrelated.join("notes.txt"), b"mine").unwrap();
+        let err = Store::check_existing(&unrelated).unwrap_err();
+        assert!(
+            err.to_string().ends_with(
+                "is not an fnrun cache: it has no blobs/, layers/ and refs/ directories"
+            ),
+            "{err}"
+        );
+        let left: Vec<_> = fs::read_dir(&unrelated)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["notes.txt"]);
+        let file = unrelated.join("notes.txt");
+        assert!(
+            Store::check_existing(&file)
+                .unwrap_err()
+                .to_string()
+                .ends_with("it is not a directory")
+        );
+        let cache = tmp.path().join("cache");
+        Store::open(&cache, "id").unwrap();
+        Store::check_existing(&cache).unwrap();
+    }
 
     #[test]
     fn blobs_are_verified_and_refs_round_trip() {

@@ -10,7 +10,7 @@ use clap::Args;
 #[command(next_help_heading = "Crossplane v1 functions")]
 pub struct FunctionsArgs {
     /// Functions file (YAML; see docs/crossplane.md). SIGHUP reloads it.
-    #[arg(long = "functions", value_name = "FILE")]
+    #[arg(long = "functions", value_name = "FILE", value_parser = crate::config::parse_path)]
     pub functions_file: Option<PathBuf>,
     /// A function with every default. Repeatable.
     #[arg(long = "function", value_name = "NAME=IMAGE")]
@@ -23,21 +23,22 @@ pub struct FunctionsArgs {
     #[arg(long, value_name = "NS", default_value = "crossplane-system")]
     pub functions_namespace: String,
     /// CA bundle (PEM) that client certificates must be signed by (mTLS).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = crate::config::parse_path)]
     pub functions_client_ca: Option<PathBuf>,
     /// CA certificate (PEM) to mint each function's server certificate from.
     #[arg(
         long,
         value_name = "FILE",
         requires = "functions_ca_key",
-        conflicts_with = "functions_certs_dir"
+        conflicts_with = "functions_certs_dir",
+        value_parser = crate::config::parse_path,
     )]
     pub functions_ca_cert: Option<PathBuf>,
     /// The CA's private key (PEM: PKCS#8, PKCS#1 RSA or SEC1 EC).
-    #[arg(long, value_name = "FILE", requires = "functions_ca_cert")]
+    #[arg(long, value_name = "FILE", requires = "functions_ca_cert", value_parser = crate::config::parse_path)]
     pub functions_ca_key: Option<PathBuf>,
     /// A directory with DIR/NAME/tls.crt and DIR/NAME/tls.key per function.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = crate::config::parse_path)]
     pub functions_certs_dir: Option<PathBuf>,
     /// How often the functions file is checked for changes, which are then
     /// applied as SIGHUP applies them (a mounted ConfigMap changes so); 0:

@@ -64,7 +64,7 @@ pub enum HostError {
     #[error("function {function}'s server {exit}")]
     Exited { function: String, exit: ExitReport },
     /// The function's server was killed for exceeding its memory limit.
-    #[error("function {function}'s server exceeded its memory limit of {limit} bytes and was killed{}", output_suffix(.output))]
+    #[error("function {function}'s server exceeded its memory limit of {} and was killed{}", fnrun_api::quantity::format_memory(*.limit), output_suffix(.output))]
     OutOfMemory {
         function: String,
         limit: u64,
@@ -318,7 +318,7 @@ mod tests {
         };
         assert_eq!(
             e.to_string(),
-            "function fn-a's server exceeded its memory limit of 1048576 bytes and was killed"
+            "function fn-a's server exceeded its memory limit of 1Mi and was killed"
         );
         assert_eq!(e.class(), Class::ResourceExhausted);
     }

@@ -61,6 +61,15 @@ impl From<HostError> for CallError {
 type StartResult = Result<Arc<Instance>, Arc<HostError>>;
 type StartWait = Shared<oneshot::Receiver<StartResult>>;
 
+/// Who reports a server that did not start.
+#[derive(Clone, Copy)]
+enum Report {
+    /// The log: the daemon's record of what its callers were told.
+    Log,
+    /// The caller, whose own error line it is (`function serve`, `call`).
+    Caller,
+}
+
 enum State {
     Stopped,
     Starting(StartWait),
@@ -152,7 +161,9 @@ impl Function {
             Mode::Server => {
                 // A pull may take long; the server's start has its own timeout.
                 let budget = Duration::from_secs(3600);
-                self.ready_instance(Instant::now() + budget, budget)
+                // The caller reports a failure itself (it ends `function
+                // serve`): not logged here as well.
+                self.ready_instance(Instant::now() + budget, budget, Report::Caller)
                     .await
                     .map(drop)
             }
@@ -238,7 +249,7 @@ impl Function {
         deadline: Instant,
         budget: Duration,
     ) -> Result<Response<Bytes>, CallError> {
-        let instance = self.ready_instance(deadline, budget).await?;
+        let instance = self.ready_instance(deadline, budget, Report::Log).await?;
         let left = deadline.saturating_duration_since(Instant::now());
         let call = instance.call(api, message, metadata, left);
         match tokio::time::timeout_at(deadline.into(), call).await {
@@ -273,6 +284,7 @@ impl Function {
         self: &Arc<Self>,
         deadline: Instant,
         budget: Duration,
+        report: Report,
     ) -> Result<Arc<Instance>, HostError> {
         let wait = {
             let mut inner = self.lock();
@@ -291,7 +303,7 @@ impl Function {
                             });
                         }
                     }
-                    let wait = self.spawn_start();
+                    let wait = self.spawn_start(report);
                     inner.state = State::Starting(wait.clone());
                     wait
                 }
@@ -311,19 +323,23 @@ impl Function {
 
     /// Starts an instance in a task of its own; its result is shared by
     /// every caller waiting for it.
-    fn spawn_start(self: &Arc<Self>) -> StartWait {
+    fn spawn_start(self: &Arc<Self>, report: Report) -> StartWait {
         let (tx, rx) = oneshot::channel();
         let this = self.clone();
         let id = self.ctx.next_instance_id();
         tokio::spawn(async move {
             let result = Instance::start(&this.ctx.runner, &this.def, id).await;
-            let _ = tx.send(this.started(result));
+            let _ = tx.send(this.started(result, report));
         });
         rx.shared()
     }
 
     /// Records the end of a start.
-    fn started(self: &Arc<Self>, result: Result<(Instance, Duration), HostError>) -> StartResult {
+    fn started(
+        self: &Arc<Self>,
+        result: Result<(Instance, Duration), HostError>,
+        report: Report,
+    ) -> StartResult {
         let metrics = &self.ctx.runner.metrics().functions;
         match result {
             Ok((instance, took)) => {
@@ -358,11 +374,13 @@ impl Function {
                     self.failed(&mut inner, error.clone());
                 }
                 drop(inner);
-                tracing::warn!(
-                    function = self.def.name,
-                    error = %crate::error::bounded(&error, crate::error::LINE_MAX),
-                    "function server did not start"
-                );
+                if let Report::Log = report {
+                    tracing::warn!(
+                        function = self.def.name,
+                        error = %crate::error::bounded(&error, crate::error::LINE_MAX),
+                        "function server did not start"
+                    );
+                }
                 Err(error)
             }
         }
