@@ -341,6 +341,54 @@ fn results_dir_gets_kpts_results_yaml() {
 }
 
 #[test]
+fn results_yaml_records_the_functions_stderr_not_fnruns_message() {
+    // A function that says what it is doing, then runs past its timeout:
+    // results.yaml's stderr is what it said, as kpt records it.
+    let registry = registry();
+    let image = TestImage::script(
+        "#!/bin/sh\ncat >/dev/null\necho 'slow: still working' >&2\nexec sleep 60\n",
+    )
+    .push_to(&registry, "fns/slow-krm:v1");
+    let cli = Cli::new().expect("cli");
+    let dir = cli.scratch().join("results");
+    let dir_arg = dir.display().to_string();
+    let out = krm_run(
+        &cli,
+        &[
+            "run",
+            "--krm",
+            "--timeout",
+            "2s",
+            "--results-dir",
+            &dir_arg,
+            &image,
+            "-",
+        ],
+    );
+    assert_eq!(out.code, Some(124), "{}", out.describe());
+    let yaml = std::fs::read_to_string(dir.join("results.yaml")).expect("results.yaml");
+    let doc = fnrun_tests::functionio::parse(&yaml);
+    assert_eq!(
+        doc["items"][0]["stderr"].as_str(),
+        Some("slow: still working\n"),
+        "{yaml}"
+    );
+    // The summary shows it once; fnrun's own line says what happened.
+    assert_eq!(
+        out.stderr.matches("slow: still working").count(),
+        1,
+        "{}",
+        out.describe()
+    );
+    assert!(
+        out.stderr
+            .contains("fnrun: function ran past its timeout of 2s\n"),
+        "{}",
+        out.describe()
+    );
+}
+
+#[test]
 fn the_environment_is_the_images_and_what_env_passes() {
     let registry = registry();
     let image = TestImage::script(
