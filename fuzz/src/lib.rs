@@ -1,0 +1,121 @@
+//! The fuzz targets' bodies. Each takes the fuzzer's bytes and asserts a
+//! property, not only that nothing panics; `fuzz/libfuzzer/` wraps each in a
+//! libFuzzer target (`scripts/fuzz`), and `tests/replay.rs` runs every file
+//! of `corpus/NAME/` and `artifacts/NAME/` through it in `cargo test`.
+
+use fnrun_api::v1::RunFunctionRequest;
+use fnrun_api::yaml_bounds::{self, BoundsError};
+use fnrun_api::{functionio, functionio_v1, quantity, resourcelist};
+use prost::Message;
+
+/// A target's body.
+pub type Body = fn(&[u8]);
+
+/// Every target: its name (the directory of its corpus and crashes, the
+/// file of its libFuzzer target) and its body.
+pub const TARGETS: &[(&str, Body)] = &[
+    ("yaml_bounds", yaml_bounds),
+    ("functionio", functionio),
+    ("resourcelist", resourcelist),
+    ("v1_mapping", v1_mapping),
+    ("quantity", quantity),
+    ("reference", reference),
+];
+
+/// The YAML bounds check agrees with the parser: what it refuses for
+/// nesting, recursion or a second document, serde_norway refuses too; what
+/// it passes never reaches serde_norway's recursion limit.
+pub fn yaml_bounds(data: &[u8]) {
+    let parsed = serde_norway::from_slice::<serde_norway::Value>(data).map_err(|e| e.to_string());
+    match yaml_bounds::check(data) {
+        Ok(()) => {
+            if let Err(e) = &parsed {
+                assert!(!e.contains("recursion limit"), "passed, but: {e}");
+            }
+        }
+        // A policy of fnrun's, not the parser's.
+        Err(BoundsError::AliasBudget { .. }) => {}
+        Err(e) => assert!(parsed.is_err(), "refused ({e}), but the parser read it"),
+    }
+}
+
+/// A FunctionIO the validator accepts is accepted again once written out,
+/// and reads back the same.
+pub fn functionio(data: &[u8]) {
+    if let Ok(io) = functionio::validate(data) {
+        let again = serde_norway::to_string(&io).expect("a FunctionIO serialises");
+        let back = functionio::validate(again.as_bytes())
+            .unwrap_or_else(|e| panic!("its own YAML is refused: {e}\n{again}"));
+        assert_eq!(
+            serde_norway::to_string(&back).expect("serialises"),
+            again,
+            "reads back differently"
+        );
+    }
+}
+
+/// A ResourceList the validator accepts: its own `to_yaml()` passes too,
+/// and reads back equal.
+pub fn resourcelist(data: &[u8]) {
+    if let Ok(list) = resourcelist::validate_input(data) {
+        let again = list.to_yaml().expect("a ResourceList serialises");
+        let back = resourcelist::validate_input(again.as_bytes())
+            .unwrap_or_else(|e| panic!("its own YAML is refused: {e}\n{again}"));
+        assert_eq!(back, list, "reads back differently:\n{again}");
+    }
+    let _ = resourcelist::validate_output(data);
+}
+
+/// Any v1 request maps to a FunctionIO that the validator accepts, and that
+/// FunctionIO, returned as the function's output, maps to a response.
+pub fn v1_mapping(data: &[u8]) {
+    let Ok(request) = RunFunctionRequest::decode(data) else {
+        return;
+    };
+    let Ok(yaml) = functionio_v1::functionio_yaml_from_request(&request) else {
+        return;
+    };
+    functionio::validate(&yaml).unwrap_or_else(|e| {
+        panic!(
+            "the mapping's FunctionIO is refused: {e}\n{}",
+            String::from_utf8_lossy(&yaml)
+        )
+    });
+    let _ = functionio_v1::response_from_functionio_yaml(&request, &yaml);
+}
+
+/// Quantities: a parsed memory size or CPU amount prints back to one that
+/// parses to the same value.
+pub fn quantity(data: &[u8]) {
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(bytes) = quantity::parse_memory(s) {
+        assert_eq!(
+            quantity::parse_memory(&bytes.to_string()),
+            Ok(bytes),
+            "{s:?}"
+        );
+    }
+    if let Ok(millis) = quantity::parse_cpu_millis(s) {
+        assert_eq!(
+            quantity::parse_cpu_millis(&format!("{millis}m")),
+            Ok(millis),
+            "{s:?}"
+        );
+    }
+}
+
+/// Image references: a parsed reference prints to one that parses to the
+/// same reference.
+pub fn reference(data: &[u8]) {
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(parsed) = fnrun_cache::ImageRef::parse(s, fnrun_cache::DOCKER_HUB) {
+        let printed = parsed.to_string();
+        let again = fnrun_cache::ImageRef::parse(&printed, fnrun_cache::DOCKER_HUB)
+            .unwrap_or_else(|e| panic!("{s:?} prints as {printed:?}, which is refused: {e}"));
+        assert_eq!(again, parsed, "{s:?} prints as {printed:?}");
+    }
+}
