@@ -120,6 +120,14 @@ fn current_thread_runtime() -> tokio::runtime::Runtime {
 }
 
 fn run(args: RunArgs) -> ExitCode {
+    // Not a silent wait: a user who typed `fnrun run IMAGE` learns where the
+    // input is read from and how to end it.
+    if args.input == "-" && std::io::stdin().is_terminal() {
+        eprintln!(
+            "fnrun: reading the input (a FunctionIO or a ResourceList) from stdin; \
+             end it with Ctrl-D, or give a file: fnrun run IMAGE FILE"
+        );
+    }
     let input = match read_input(&args.input) {
         Ok(input) => input,
         Err(e) => {

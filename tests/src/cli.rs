@@ -118,6 +118,33 @@ impl Cli {
         run_capture(&mut cmd, stdin, CLI_GUARD)
     }
 
+    /// Runs `fnrun SUBCOMMAND [--cache-dir DIR] ARGS...` on a terminal (a
+    /// pseudo-terminal of util-linux's `script`) as stdin, stdout and stderr,
+    /// on which `typed` is typed (`\x04` is Ctrl-D). Stdout holds everything
+    /// the terminal showed.
+    pub fn run_on_terminal(&self, args: &[&str], typed: &[u8]) -> Finished {
+        let quote = |a: &str| format!("'{}'", a.replace('\'', r"'\''"));
+        let mut line = vec![quote(&fnrun_bin().display().to_string())];
+        if let Some((subcommand, rest)) = args.split_first() {
+            line.push(quote(subcommand));
+            if CACHE_COMMANDS.contains(subcommand) {
+                line.push("--cache-dir".into());
+                line.push(quote(&self.cache_dir().display().to_string()));
+            }
+            line.extend(rest.iter().map(|a| quote(a)));
+        }
+        let mut cmd = match &self.user {
+            Some(user) => user.command("script"),
+            None => Command::new("script"),
+        };
+        cmd.args(["--quiet", "--return", "--command"])
+            .arg(line.join(" "))
+            .arg("/dev/null")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(self.dir.path());
+        run_capture(&mut cmd, Some(typed), CLI_GUARD)
+    }
+
     /// `fnrun` as this CLI's user, with its environment, in the scratch dir.
     fn command(&self) -> Command {
         let bin = fnrun_bin();

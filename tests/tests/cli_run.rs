@@ -171,3 +171,43 @@ fn errors_are_one_line_on_stderr() {
     assert_eq!(out.code, Some(1), "{}", out.describe());
     assert_eq!(out.stderr.trim().lines().count(), 1, "{}", out.describe());
 }
+
+#[test]
+fn run_on_a_terminal_says_it_reads_stdin() {
+    let cli = Cli::new().expect("cli");
+    // Ctrl-D at once: an empty input, which is not a FunctionIO.
+    let out = cli.run_on_terminal(
+        &[
+            "run",
+            "--image-pull-policy",
+            "Never",
+            "example.org/fns/echo:v1",
+        ],
+        b"\x04",
+    );
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    assert!(
+        out.stdout.contains(
+            "fnrun: reading the input (a FunctionIO or a ResourceList) from stdin; \
+             end it with Ctrl-D, or give a file: fnrun run IMAGE FILE"
+        ),
+        "{}",
+        out.describe()
+    );
+    // Not on a pipe: there stdin is the input, as ever.
+    let out = cli.run(
+        &[
+            "run",
+            "--image-pull-policy",
+            "Never",
+            "example.org/fns/echo:v1",
+        ],
+        Some(b""),
+    );
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    assert!(
+        !out.stderr.contains("reading the input"),
+        "{}",
+        out.describe()
+    );
+}
