@@ -43,6 +43,10 @@ const EXIT_GRACE: Duration = Duration::from_millis(500);
 /// How long a stopped instance may take to be cleaned up before it is logged.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
+/// How close to its deadline a call whose stream broke counts as one that
+/// ran out of time (the server enforced the same deadline).
+const DEADLINE_SLACK: Duration = Duration::from_millis(50);
+
 /// How a call ended when the function did not answer it.
 #[derive(Debug)]
 pub enum CallError {
@@ -255,6 +259,18 @@ impl Function {
         match tokio::time::timeout_at(deadline.into(), call).await {
             Ok(Ok(Ok(response))) => Ok(response),
             Ok(Ok(Err(status))) => Err(CallError::Function(status)),
+            // A server on grpc-go resets the stream when the grpc-timeout it
+            // was sent passes, which it measures from its own receipt of a
+            // value rounded by the encoder: a break at the deadline is the
+            // deadline.
+            Ok(Err(_)) if deadline.saturating_duration_since(Instant::now()) <= DEADLINE_SLACK => {
+                Err(HostError::Deadline {
+                    function: self.def.name.clone(),
+                    deadline: budget,
+                    during: Phase::Calling,
+                }
+                .into())
+            }
             Ok(Err(broken)) => Err(self.diagnose(&instance, broken.0).await.into()),
             Err(_) => Err(HostError::Deadline {
                 function: self.def.name.clone(),
