@@ -128,3 +128,26 @@ fn functionio_mode_works_rootless() {
     };
     round_trip(Some(user));
 }
+
+#[test]
+fn a_functionio_image_in_server_mode_suggests_mode_functionio() {
+    if !require_root("a_functionio_image_in_server_mode_suggests_mode_functionio") {
+        return;
+    }
+    // The xfn image reads its stdin, finds nothing and exits at once: it is
+    // no gRPC server.
+    let image = TestImage::script(XFN_SCRIPT).build().unwrap();
+    image.share().unwrap();
+    let cli = fnrun_tests::cli::Cli::new().expect("cli");
+    let request = cli.write_file("req.yaml", SAMPLE_REQUEST).unwrap();
+    let out = cli.run(&["function", "call", &image.oci_ref(), &request], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains(
+            "(if it is a FunctionIO image, which reads stdin and exits, run it with \
+             --mode functionio, or mode: functionio in the functions file)"
+        ),
+        "{}",
+        out.describe()
+    );
+}

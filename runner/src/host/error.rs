@@ -191,7 +191,14 @@ impl std::fmt::Display for ExitReport {
             self.elapsed.as_millis().try_into().unwrap_or(u64::MAX),
         ));
         match &self.status {
-            Ok(Status::Exited(code)) => write!(f, "exited with code {code} after {after}")?,
+            Ok(Status::Exited(code)) => {
+                write!(f, "exited with code {code} after {after}")?;
+                // A server ends only when stopped: one that ends at once is
+                // often an xfn-era FunctionIO image, which reads stdin and exits.
+                if self.elapsed < AT_ONCE {
+                    f.write_str(FUNCTIONIO_HINT)?;
+                }
+            }
             Ok(Status::Signaled(signal)) => {
                 write!(f, "was killed by signal {signal} after {after}")?
             }
@@ -207,6 +214,13 @@ impl std::fmt::Display for ExitReport {
         f.write_str(&output_suffix(&self.output))
     }
 }
+
+/// A server that exits sooner than this "exited at once".
+const AT_ONCE: Duration = Duration::from_secs(1);
+
+/// What a server that exited at once may be, and what to do then.
+const FUNCTIONIO_HINT: &str = " (if it is a FunctionIO image, which reads stdin and exits, run it \
+     with --mode functionio, or mode: functionio in the functions file)";
 
 /// `; output: TAIL`, bounded; nothing if the server wrote nothing.
 fn output_suffix(output: &str) -> String {
@@ -309,6 +323,24 @@ mod tests {
             "{message}"
         );
         assert!(message.ends_with("panic: boom"), "{message}");
+        assert!(message.len() <= STATUS_MESSAGE_MAX, "{}", message.len());
+        assert!(!message.contains("--mode functionio"), "{message}");
+        // At once: perhaps a FunctionIO image.
+        let e = HostError::Exited {
+            function: "fn-a".into(),
+            exit: ExitReport {
+                status: Ok(Status::Exited(0)),
+                output: format!("{}\n", "y".repeat(1 << 20)),
+                elapsed: Duration::from_millis(20),
+            },
+        };
+        let message = e.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "function fn-a's server exited with code 0 after 20ms{FUNCTIONIO_HINT}; output: yyy"
+            )),
+            "{message}"
+        );
         assert!(message.len() <= STATUS_MESSAGE_MAX, "{}", message.len());
         assert_eq!(e.class(), Class::Unavailable);
         let e = HostError::OutOfMemory {
