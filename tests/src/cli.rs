@@ -176,3 +176,65 @@ impl Finished {
         )
     }
 }
+
+/// `fnrun function serve --listen 127.0.0.1:PORT IMAGE`, as `crossplane
+/// render`'s Development runtime expects a function: killed on drop.
+pub struct FunctionServe {
+    child: std::process::Child,
+    listen: String,
+    log: std::path::PathBuf,
+}
+
+impl Cli {
+    /// Starts `fnrun function serve` for `image` on a free loopback port,
+    /// with this CLI's cache, and waits until it serves (its server started:
+    /// the image is checked before the first call).
+    pub fn function_serve(&self, image: &str) -> Result<FunctionServe> {
+        let port = crate::registry::free_port()?;
+        let listen = format!("127.0.0.1:{port}");
+        let log = self.scratch().join(format!("serve-{port}.log"));
+        let file = std::fs::File::create(&log)?;
+        let mut serve = Command::new(fnrun_bin());
+        serve
+            .args(["function", "serve", "--listen", &listen, image])
+            .env("FNRUN_CACHE_DIR", self.cache_dir())
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        let child = crate::process::die_with_parent(&mut serve)
+            .spawn()
+            .context("cannot start fnrun function serve")?;
+        let serve = FunctionServe { child, listen, log };
+        let ready = crate::wait_for(Duration::from_secs(120), || {
+            Some(serve.log()).filter(|l| l.contains("serving the function"))
+        });
+        if ready.is_none() {
+            anyhow::bail!("fnrun function serve did not serve: {}", serve.log());
+        }
+        Ok(serve)
+    }
+}
+
+impl FunctionServe {
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> &str {
+        &self.listen
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL) and returns how it exited.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        crate::process::terminate(&mut self.child, Duration::from_secs(30))
+    }
+}
+
+impl Drop for FunctionServe {
+    fn drop(&mut self) {
+        crate::process::terminate(&mut self.child, Duration::from_secs(5));
+    }
+}

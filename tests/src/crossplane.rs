@@ -5,6 +5,10 @@
 //!   the normal `function-label` and misbehaving [`Variant`]s, run on the host
 //!   ([`GoFunction::start`]) or packaged as an image ([`GoFunction::image`]:
 //!   busybox, the static binary at `/function`, `User: 65532`).
+//! - [`UpstreamFunction`]: released functions ([`PATCH_AND_TRANSFORM`]) built
+//!   from their module sources and packaged as Crossplane packages, with the
+//!   `package.yaml` layer Crossplane's package manager reads
+//!   ([`package_image`], the one packaging harness).
 //! - [`python_sdk_image`]: a function written with the real
 //!   `crossplane-function-sdk-python`, packaged with its interpreter, stdlib,
 //!   packages and shared libraries in an image without busybox, cached.
@@ -70,6 +74,7 @@
 
 mod client;
 mod go_function;
+mod package;
 mod python_sdk;
 
 use std::path::PathBuf;
@@ -80,6 +85,10 @@ pub use self::client::{Api, Bench, Call, Latency, Outcome, TlsSeen, client_binar
 pub use self::go_function::{
     FUNCTION_PATH, FUNCTION_USER, GoFunction, RunningFunction, ServerTls, Variant, function_binary,
     go_function_image,
+};
+pub use self::package::{
+    CROSSPLANE_CONSTRAINT, PATCH_AND_TRANSFORM, UpstreamFunction, XPKG_ANNOTATION, package_image,
+    package_yaml,
 };
 pub use self::python_sdk::{
     PYTHON_SDK_ANNOTATION, PYTHON_SDK_ENTRYPOINT, PYTHON_SDK_NAME, PYTHON_SDK_TAG, python_sdk_image,

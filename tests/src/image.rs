@@ -110,6 +110,8 @@ pub struct TestImage {
     user: Option<String>,
     /// Layers added on top of the busybox layer, bottom to top.
     layers: Vec<Vec<ImageFile>>,
+    /// The annotations of each of `layers`' descriptors in the manifest.
+    layer_annotations: Vec<Vec<(String, String)>>,
 }
 
 impl TestImage {
@@ -129,6 +131,7 @@ impl TestImage {
             workdir: None,
             user: None,
             layers: Vec::new(),
+            layer_annotations: Vec::new(),
         }
     }
 
@@ -243,9 +246,26 @@ impl TestImage {
     /// Adds a layer on top of the others with `files` (absolute path,
     /// contents; mode 0644, owned by root): each call is one more layer.
     pub fn layer<P: AsRef<str>, C: AsRef<[u8]>>(
-        mut self,
+        self,
         files: impl IntoIterator<Item = (P, C)>,
     ) -> Self {
+        self.annotated_layer(files, &[])
+    }
+
+    /// As [`TestImage::layer`], with `annotations` on the layer's descriptor
+    /// in the manifest (`io.crossplane.xpkg: base` marks a Crossplane
+    /// package's `package.yaml` layer).
+    pub fn annotated_layer<P: AsRef<str>, C: AsRef<[u8]>>(
+        mut self,
+        files: impl IntoIterator<Item = (P, C)>,
+        annotations: &[(&str, &str)],
+    ) -> Self {
+        self.layer_annotations.push(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
         self.layers.push(
             files
                 .into_iter()
@@ -335,6 +355,9 @@ impl TestImage {
             remove_tree(&tree)?;
             fs::remove_file(&tar)?;
         }
+        if self.layer_annotations.iter().any(|a| !a.is_empty()) {
+            annotate_layers(&layout, &self.tag, &self.layer_annotations)?;
+        }
         check_output(Command::new("umoci").args(["gc", "--layout"]).arg(&layout))?;
         // The bundle is only a staging area.
         remove_tree(&bundle)?;
@@ -407,6 +430,54 @@ impl TestImage {
         }
         Ok(())
     }
+}
+
+/// Sets `annotations[i]` on the descriptor of the `i`th of the manifest's
+/// last `annotations.len()` layers, in the OCI layout `layout` at `tag`: a new
+/// manifest blob, and the index pointing at it (umoci has no flag for layer
+/// annotations; `umoci gc` then drops the old blob).
+fn annotate_layers(layout: &Path, tag: &str, annotations: &[Vec<(String, String)>]) -> Result<()> {
+    use sha2::{Digest, Sha256};
+    let read_json = |path: &Path| -> Result<serde_json::Value> {
+        serde_json::from_slice(
+            &fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+        )
+        .with_context(|| format!("{} is not JSON", path.display()))
+    };
+    let blob = |digest: &str| -> Result<PathBuf> {
+        let hex = digest
+            .strip_prefix("sha256:")
+            .with_context(|| format!("{digest} is not a sha256 digest"))?;
+        Ok(layout.join("blobs/sha256").join(hex))
+    };
+    let index_path = layout.join("index.json");
+    let mut index = read_json(&index_path)?;
+    let descriptor = index["manifests"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+        .find(|d| d["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .with_context(|| format!("no manifest tagged {tag} in {}", layout.display()))?;
+    let mut manifest = read_json(&blob(descriptor["digest"].as_str().unwrap_or_default())?)?;
+    let layers = manifest["layers"]
+        .as_array_mut()
+        .context("the manifest has no layers")?;
+    let first = layers
+        .len()
+        .checked_sub(annotations.len())
+        .context("fewer layers than annotated layers")?;
+    for (layer, wanted) in layers[first..].iter_mut().zip(annotations) {
+        for (key, value) in wanted {
+            layer["annotations"][key] = serde_json::Value::from(value.as_str());
+        }
+    }
+    let bytes = serde_json::to_vec(&manifest)?;
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    fs::write(blob(&digest)?, &bytes)?;
+    descriptor["digest"] = digest.into();
+    descriptor["size"] = bytes.len().into();
+    fs::write(&index_path, serde_json::to_vec(&index)?)
+        .with_context(|| format!("cannot write {}", index_path.display()))
 }
 
 fn umoci<'a>(

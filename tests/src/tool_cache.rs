@@ -68,25 +68,6 @@ impl Key {
         Ok(self)
     }
 
-    /// Adds the relative path, size and modification time of every file
-    /// under `dir`: cheaper than [`Key::tree`] for large trees that a package
-    /// manager replaces as a whole (Go libraries in a GOPATH).
-    pub fn stat_tree(&mut self, dir: &Path) -> Result<&mut Key> {
-        for path in files_under(dir)? {
-            let meta = std::fs::metadata(&path)?;
-            let modified = meta
-                .modified()?
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
-            let relative = path.strip_prefix(dir).unwrap_or(&path);
-            self.part(
-                &relative.to_string_lossy(),
-                format!("{} {}", meta.len(), modified.as_nanos()),
-            );
-        }
-        Ok(self)
-    }
-
     /// The first 16 hex digits of the hash.
     pub fn short(&self) -> String {
         let digest = self.0.clone().finalize();

@@ -1,7 +1,6 @@
 //! `fnrun function call` and `fnrun function serve`: a Crossplane function
 //! from a terminal, without Docker, as root and rootless.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fnrun_tests::cli::Cli;
@@ -9,10 +8,7 @@ use fnrun_tests::crossplane::{
     Call, GoFunction, SAMPLE_DESIRED_RESOURCES, SAMPLE_REQUEST, SAMPLE_TAG, Variant,
     sample_request_json,
 };
-use fnrun_tests::fnrun_bin;
 use fnrun_tests::function_host::alive;
-use fnrun_tests::process::{die_with_parent, terminate};
-use fnrun_tests::registry::free_port;
 use fnrun_tests::user::{TestUser, require_root, rootless_user};
 use serde_norway::Value;
 
@@ -172,30 +168,11 @@ fn function_serve_hosts_one_function_for_crossplane_render() {
     }
     let cli = Cli::new().unwrap();
     let image = label_image();
-    let port = free_port().unwrap();
-    let listen = format!("127.0.0.1:{port}");
-    let log = cli.scratch().join("serve.log");
-    let mut serve = Command::new(fnrun_bin());
-    serve
-        .args(["function", "serve", "--listen", &listen, &image.oci_ref()])
-        .env("FNRUN_CACHE_DIR", cli.cache_dir())
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(&log).unwrap());
-    let mut child = die_with_parent(&mut serve).spawn().unwrap();
-    let ready = fnrun_tests::wait_for(Duration::from_secs(60), || {
-        std::fs::read_to_string(&log)
-            .ok()
-            .filter(|l| l.contains("serving the function"))
-    });
-    assert!(
-        ready.is_some(),
-        "not serving: {}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    let mut serve = cli.function_serve(&image.oci_ref()).expect("it serves");
+    let listen = serve.addr().to_owned();
+    let port = listen.rsplit(':').next().unwrap().to_owned();
     // The server started before the first call (its image is checked).
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = serve.log();
     assert!(text.contains("function server ready"), "{text}");
     // `crossplane render`'s Development runtime dials localhost:9443 over
     // h2c: any :authority reaches the one function.
@@ -208,19 +185,15 @@ fn function_serve_hosts_one_function_for_crossplane_render() {
         assert!(outcome.is_ok(), "{outcome:?}");
         assert_eq!(outcome.version, "v1");
     }
-    let pids: Vec<i32> = std::fs::read_to_string(&log)
-        .unwrap()
+    let pids: Vec<i32> = serve
+        .log()
         .lines()
         .filter(|l| l.contains("function server ready"))
         .filter_map(|l| l.split(" pid=").nth(1)?.split(' ').next()?.parse().ok())
         .collect();
     assert_eq!(pids.len(), 1, "one warm server");
     assert!(alive(pids[0]));
-    let status = terminate(&mut child, Duration::from_secs(30)).expect("it exits");
-    assert!(
-        status.success(),
-        "{status:?}: {}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    let status = serve.stop().expect("it exits");
+    assert!(status.success(), "{status:?}: {}", serve.log());
     assert!(!alive(pids[0]), "the function server outlived fnrun");
 }

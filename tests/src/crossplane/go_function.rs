@@ -21,10 +21,10 @@ pub const FUNCTION_PATH: &str = "/function";
 pub const FUNCTION_USER: &str = "65532:65532";
 
 /// `/etc/passwd` of function images: busybox's users and `nonroot`.
-const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
+pub(crate) const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
                       nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n\
                       nonroot:x:65532:65532:nonroot:/home/nonroot:/bin/false\n";
-const GROUP: &str = "root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n";
+pub(crate) const GROUP: &str = "root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n";
 
 /// How long a function on the host may take to listen.
 const STARTUP: Duration = Duration::from_secs(20);
