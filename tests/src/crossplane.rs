@@ -151,6 +151,15 @@ mod tests {
             std::fs::read_to_string(sample_request_path()).unwrap(),
             SAMPLE_REQUEST
         );
+        // The docs' example (examples/run-function-request.yaml) is this
+        // request, which the tests send.
+        assert_eq!(
+            std::fs::read_to_string(
+                crate::workspace_root().join("examples/run-function-request.yaml")
+            )
+            .unwrap(),
+            SAMPLE_REQUEST
+        );
     }
 
     #[test]
