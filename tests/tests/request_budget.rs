@@ -1,4 +1,6 @@
-//! What a hostile request may cost the daemon (#18): each reproducer, sent
+//! What a hostile request may cost the daemon (#18): each reproducer (HTTP/2
+//! header blocks; YAML alias bombs and deep flow nesting through v1alpha1
+//! RunFunction and Porch's EvaluateFunction), sent
 //! to a running daemon on every listener it concerns, costs at most a small,
 //! stated amount of the daemon's CPU and memory, is answered with an HTTP/2
 //! error, and health checks on another listener stay fast meanwhile. As root
@@ -301,5 +303,150 @@ async fn hostile_header_blocks_cost_little_on_every_listener() {
             log.contains("the header list weighs more than"),
             "the daemon logs what it refused and why: {log}"
         );
+    }
+}
+
+/// An image reference that is never pulled: every document here is refused
+/// before a pull.
+const NEVER_PULLED: &str = "127.0.0.1:1/never/pulled:v1";
+
+/// The daemon CPU one hostile YAML document may take: the alias bomb is 1 MiB
+/// that one pass of libyaml reads before refusing it (before the fix it was
+/// expanded to 1 GiB); the flow-depth document is 100 KB that cost 4.9 s of a
+/// release build.
+const YAML_CPU: Duration = Duration::from_millis(1500);
+
+/// How much the daemon's peak resident memory may grow for one hostile YAML
+/// document: a few copies of the 1 MiB message (before the fix: 1 GiB).
+const YAML_PEAK_RSS_GROWTH: u64 = 64 << 20;
+
+/// The slowest a health check on another listener may answer while a hostile
+/// YAML document is read: reading 1 MiB of YAML takes about 150 ms of a
+/// runtime worker in a debug build, and health checks waited up to 450 ms
+/// behind it here (before the fix, 4.8 s behind the flow-depth document).
+const YAML_HEALTH_LATENCY: Duration = Duration::from_secs(1);
+
+/// One anchored scalar of 1 MiB and 1,000 aliases to it, after `head`.
+fn alias_bomb(head: &str) -> String {
+    format!(
+        "{head}bomb:\n  s: &s \"{}\"\n  l: [{}]\n",
+        "a".repeat(1 << 20),
+        vec!["*s"; 1000].join(",")
+    )
+}
+
+/// A quote after `:` in a flow sequence, then 50,000 nested brackets.
+fn deep_flow(head: &str) -> String {
+    format!(
+        "{head}config: [a:\",{}{}\n",
+        "[".repeat(50_000),
+        "]".repeat(50_000)
+    )
+}
+
+/// Runs `call` with health checks on `watch` meanwhile; returns its result,
+/// what the daemon spent and the slowest health check.
+async fn measured<T>(
+    daemon: &Daemon,
+    watch: &Listener,
+    call: impl std::future::Future<Output = T>,
+) -> (T, Usage, Duration) {
+    let pid = daemon.pid().expect("the daemon runs");
+    let stop = Arc::new(AtomicBool::new(false));
+    let health = watch_health(watch.clone(), stop.clone());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = Usage::of(pid).expect("the daemon's usage");
+    let result = call.await;
+    let spent = Usage::of(pid).expect("the daemon's usage").since(&before);
+    stop.store(true, Ordering::Relaxed);
+    let slowest = health.await.expect("the health checks");
+    (result, spent, slowest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_yaml_costs_little_on_every_listener() {
+    use fnrun_api::evaluator::EvaluateFunctionRequest;
+    use fnrun_api::evaluator::function_evaluator_client::FunctionEvaluatorClient;
+    use fnrun_api::v1alpha1::containerized_function_runner_service_client::ContainerizedFunctionRunnerServiceClient;
+    use fnrun_tests::functionio::MINIMAL;
+    use fnrun_tests::krm::RESOURCE_LIST;
+
+    let cases = [
+        (
+            "alias bomb",
+            alias_bomb(MINIMAL),
+            alias_bomb(RESOURCE_LIST),
+            "YAML aliases expand the document by more than",
+        ),
+        (
+            "deep flow",
+            deep_flow(MINIMAL),
+            deep_flow(RESOURCE_LIST),
+            "YAML nodes are nested more than 128 deep",
+        ),
+    ];
+    for user in root_and_rootless("hostile_yaml_costs_little_on_every_listener") {
+        let (daemon, listeners) = daemon(&user);
+        for target in listeners
+            .iter()
+            .filter(|l| !matches!(l, Listener::Functions(_)))
+        {
+            let watch = match target {
+                Listener::Tcp(_) => &listeners[0],
+                _ => &listeners[2],
+            };
+            for (name, functionio, resource_list, want) in &cases {
+                let what = format!("{name}, {target:?} ({user:?})");
+                let channel = target.channel().await;
+
+                let request = client::Run::new(NEVER_PULLED, functionio.as_bytes()).build();
+                let mut runner = ContainerizedFunctionRunnerServiceClient::new(channel.clone());
+                let (result, spent, slowest) =
+                    measured(&daemon, watch, runner.run_function(request)).await;
+                let status = result.expect_err("refused");
+                eprintln!("RunFunction {what}: {spent:?}, slowest health check {slowest:?}");
+                assert_eq!(
+                    status.code(),
+                    tonic::Code::InvalidArgument,
+                    "{what}: {status:?}"
+                );
+                assert!(status.message().contains(want), "{what}: {status:?}");
+                assert!(spent.cpu <= YAML_CPU, "RunFunction {what}: {spent:?}");
+                assert!(
+                    spent.peak_rss <= YAML_PEAK_RSS_GROWTH,
+                    "RunFunction {what}: {spent:?}"
+                );
+                assert!(
+                    slowest <= YAML_HEALTH_LATENCY,
+                    "RunFunction {what}: {slowest:?}"
+                );
+
+                let request = EvaluateFunctionRequest {
+                    resource_list: resource_list.as_bytes().to_vec(),
+                    image: NEVER_PULLED.to_owned(),
+                    tag: String::new(),
+                };
+                let mut evaluator = FunctionEvaluatorClient::new(channel);
+                let (result, spent, slowest) =
+                    measured(&daemon, watch, evaluator.evaluate_function(request)).await;
+                let status = result.expect_err("refused");
+                eprintln!("EvaluateFunction {what}: {spent:?}, slowest health check {slowest:?}");
+                assert_eq!(
+                    status.code(),
+                    tonic::Code::InvalidArgument,
+                    "{what}: {status:?}"
+                );
+                assert!(status.message().contains(want), "{what}: {status:?}");
+                assert!(spent.cpu <= YAML_CPU, "EvaluateFunction {what}: {spent:?}");
+                assert!(
+                    spent.peak_rss <= YAML_PEAK_RSS_GROWTH,
+                    "EvaluateFunction {what}: {spent:?}"
+                );
+                assert!(
+                    slowest <= YAML_HEALTH_LATENCY,
+                    "EvaluateFunction {what}: {slowest:?}"
+                );
+            }
+        }
     }
 }
