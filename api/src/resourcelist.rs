@@ -28,7 +28,7 @@ mod results;
 use serde_norway::{Mapping, Value};
 
 pub use self::results::{Field, File, ResourceRef, ResultError, ResultItem, Severity, summary};
-use crate::yaml::{DocumentError, Quoted, YamlError, kind_name, parse_mapping};
+use crate::yaml::{DocumentError, Quoted, YamlError, kind_name, parse_mapping, parse_mappings};
 
 /// The `apiVersion` fnrun writes.
 pub const API_VERSION: &str = "config.kubernetes.io/v1";
@@ -205,6 +205,45 @@ pub fn validate_output(doc: &[u8]) -> Result<ResourceList, Error> {
 pub fn is_resource_list(doc: &[u8]) -> bool {
     doc.windows(KIND.len()).any(|w| w == KIND.as_bytes())
         && parse_mapping(doc).is_ok_and(|m| m.get("kind").and_then(Value::as_str) == Some(KIND))
+}
+
+/// Why a stream of YAML documents is not a list of KRM resources.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// A document is not YAML, or not a mapping.
+    #[error("document {index}: {reason}")]
+    Document {
+        /// The document's index in the stream, empty ones included.
+        index: usize,
+        /// What is wrong with it.
+        reason: Error,
+    },
+    /// A document is not a KRM object.
+    #[error("document {index}: {reason}")]
+    Resource {
+        /// The resource's index among the stream's non-empty documents.
+        index: usize,
+        /// What is wrong with it.
+        reason: ItemError,
+    },
+}
+
+/// Reads the KRM resources of a stream of YAML documents separated by `---`
+/// (a file of a package, or `kpt fn eval -`'s multi-document input): empty
+/// documents are skipped, every other one must be a KRM object, checked as
+/// [`validate_input`] checks an item.
+pub fn resources(stream: &[u8]) -> Result<Vec<Mapping>, StreamError> {
+    let docs = parse_mappings(stream).map_err(|(index, reason)| StreamError::Document {
+        index,
+        reason: reason.into(),
+    })?;
+    docs.into_iter()
+        .enumerate()
+        .map(|(index, doc)| {
+            check_item(Value::Mapping(doc))
+                .map_err(|reason| StreamError::Resource { index, reason })
+        })
+        .collect()
 }
 
 /// Reads a function configuration given on its own, as kpt's `--fn-config`
@@ -568,5 +607,24 @@ mod tests {
         }];
         let again = validate_output(with_results.to_yaml().unwrap().as_bytes()).unwrap();
         assert_eq!(again, with_results);
+    }
+
+    #[test]
+    fn reads_a_stream_of_resources() {
+        let stream = b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\n---\n{apiVersion: v1, kind: Secret, metadata: {name: b}}\n";
+        let items = resources(stream).unwrap();
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[1]["kind"], "Secret");
+        for (doc, want) in [
+            ("a: 1\n", "document 0: resource must have `apiVersion`"),
+            (
+                "apiVersion: v1\nkind: A\nmetadata: {name: a}\n---\n- x\n",
+                "document 1: document is not a YAML mapping but a sequence",
+            ),
+            ("a: [\n", "document 0: did not find expected"),
+        ] {
+            let err = resources(doc.as_bytes()).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{doc:?}: {err}");
+        }
     }
 }

@@ -91,6 +91,27 @@ pub(crate) fn parse_mapping(doc: &[u8]) -> Result<serde_norway::Mapping, Documen
     }
 }
 
+/// Parses a stream of YAML (or JSON) documents separated by `---`, as kpt
+/// reads a file of a package or `kpt fn eval -`'s stdin: documents that are
+/// empty or only comments are skipped, every other one must be a mapping.
+/// The error names the document (counted from 0 among all of them).
+pub(crate) fn parse_mappings(
+    stream: &[u8],
+) -> Result<Vec<serde_norway::Mapping>, (usize, DocumentError)> {
+    use serde::Deserialize;
+    check_flow_depth(stream).map_err(|e| (0, DocumentError::Yaml(e)))?;
+    let mut out = Vec::new();
+    for (index, document) in serde_norway::Deserializer::from_slice(stream).enumerate() {
+        match Value::deserialize(document) {
+            Ok(Value::Null) => {}
+            Ok(Value::Mapping(mapping)) => out.push(mapping),
+            Ok(other) => return Err((index, DocumentError::NotAMapping(kind_name(&other)))),
+            Err(e) => return Err((index, DocumentError::Yaml(e.into()))),
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +155,26 @@ mod tests {
             Err(DocumentError::Yaml(_))
         ));
         assert_eq!(parse_mapping(b"{\"a\": 1}").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn parses_streams_of_mappings() {
+        let docs = parse_mappings(b"---\n# only a comment\n---\na: 1\n---\n---\n{b: 2}\n").unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[1]["b"], Value::from(2));
+        assert!(parse_mappings(b"").unwrap().is_empty());
+        assert!(matches!(
+            parse_mappings(b"a: 1\n---\n- x\n"),
+            Err((1, DocumentError::NotAMapping("sequence")))
+        ));
+        assert!(matches!(
+            parse_mappings(b"a: 1\n---\nb: [\n"),
+            Err((1, DocumentError::Yaml(_)))
+        ));
+        let deep = format!("a: {}\n", "[".repeat(1 << 20));
+        assert!(matches!(
+            parse_mappings(deep.as_bytes()),
+            Err((0, DocumentError::Yaml(_)))
+        ));
     }
 }
