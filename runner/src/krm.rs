@@ -27,6 +27,7 @@ use fnrun_api::{Quoted, text};
 use fnrun_sandbox::{BindMount, HostUser, MountError};
 
 use crate::error::{LINE_MAX, RunError, humantime};
+use crate::package::{self, Output, Source};
 use crate::runner::{RunAs, RunRequest, Runner};
 
 /// The KRM flags of `fnrun run`.
@@ -61,6 +62,12 @@ pub struct KrmArgs {
     /// `--exec` and Kptfile `exec:`, where kpt prints the results itself).
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Where the function's resources go, as kpt's --output: `stdout` (a
+    /// ResourceList), `unwrap` (the resources as YAML documents) or a new
+    /// directory. Default: a package directory given as the input is
+    /// written back in place; otherwise a ResourceList is printed.
+    #[arg(long, short = 'o', value_name = "stdout|unwrap|DIR", value_parser = Output::parse)]
+    pub output: Option<Output>,
     /// The function's configuration as key=value pairs, after `--`: a
     /// ConfigMap named function-input, as kpt builds it.
     #[arg(last = true, value_name = "KEY=VALUE")]
@@ -78,6 +85,7 @@ impl KrmArgs {
             (!self.mounts.is_empty(), "--mount"),
             (self.results_dir.is_some(), "--results-dir"),
             (self.quiet, "--quiet"),
+            (self.output.is_some(), "--output"),
             (!self.fn_args.is_empty(), "-- KEY=VALUE"),
         ]
         .into_iter()
@@ -116,6 +124,8 @@ pub enum FlagError {
     },
     #[error(transparent)]
     Args(#[from] kpt::ArgError),
+    #[error("--output {0}: the directory already exists; give a new one, as kpt asks")]
+    OutputExists(Quoted),
 }
 
 /// What is wrong with a `--mount` spec itself.
@@ -215,6 +225,11 @@ pub enum PrepareError {
 /// Applies the KRM flags to `req`: its function configuration, environment,
 /// mounts and user.
 pub fn prepare(req: &mut RunRequest, args: &KrmArgs) -> Result<(), PrepareError> {
+    if let Some(Output::Dir(dir)) = &args.output
+        && std::fs::symlink_metadata(dir).is_ok()
+    {
+        return Err(FlagError::OutputExists(Quoted::new(&dir.to_string_lossy())).into());
+    }
     let config = match &args.fn_config {
         Some(path) => {
             let bytes = std::fs::read(path).map_err(|err| FlagError::ReadConfig {
@@ -269,9 +284,16 @@ struct Report<'a> {
     error: Option<String>,
 }
 
-/// Runs the KRM function of `req` (already a KRM request) with `args` and
-/// prints what it returned; returns the exit code.
-pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs) -> ExitCode {
+/// Runs the KRM function of `req` (already a KRM request, its input read
+/// from `source`) with `args`, prints what it returned and writes its
+/// resources where `--output` says; returns the exit code.
+///
+/// A ResourceList given as it is, without `--output`, gets the function's
+/// own output on stdout, also when the function fails (kpt's and
+/// kustomize's exec runtimes read its results). Otherwise the resources are
+/// written as `kpt fn eval` writes them, and only when the function
+/// succeeded: a failed function changes no file.
+pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs, source: &Source) -> ExitCode {
     let image = text::bounded(&req.image, crate::error::IMAGE_REF_MAX).into_owned();
     if let Err(e) = prepare(&mut req, args) {
         eprintln!("fnrun: {}", crate::error_line(&e));
@@ -347,7 +369,31 @@ pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs) -> ExitCode {
         }
     };
     let mut code = ExitCode::from(code);
-    if let Some(output) = output {
+    let verbatim = matches!(source, Source::ResourceList) && args.output.is_none();
+    let mut write_error = None;
+    let written;
+    let output = match (&result, verbatim) {
+        (_, true) => output,
+        (Ok(out), false) if report.error.is_none() => {
+            let list = out
+                .resource_list
+                .as_ref()
+                .expect("a KRM run's output is read");
+            match package::write(list, source, args.output.as_ref()) {
+                Ok(bytes) => {
+                    written = bytes;
+                    Some(&written[..])
+                }
+                Err(e) => {
+                    write_error = Some(crate::error_line(&e));
+                    code = ExitCode::from(crate::EXIT_FAILED);
+                    None
+                }
+            }
+        }
+        (_, false) => None,
+    };
+    if let Some(output) = output.filter(|o| !o.is_empty()) {
         let mut stdout = std::io::stdout().lock();
         if stdout
             .write_all(output)
@@ -380,7 +426,7 @@ pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs) -> ExitCode {
             }
         }
     }
-    if let Some(error) = &report.error {
+    if let Some(error) = report.error.as_ref().or(write_error.as_ref()) {
         let _ = writeln!(stderr, "fnrun: {error}");
     }
     code

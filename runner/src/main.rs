@@ -15,6 +15,7 @@ mod image_spec;
 mod krm;
 mod listen;
 mod metrics;
+mod package;
 mod progress;
 mod reflection;
 mod runner;
@@ -128,15 +129,14 @@ fn run(args: RunArgs) -> ExitCode {
              end it with Ctrl-D, or give a file: fnrun run IMAGE FILE"
         );
     }
-    let input = match read_input(&args.input) {
-        Ok(input) => input,
+    let (input, source) = match read_run_input(&args) {
+        Ok(read) => read,
         Err(e) => {
             eprintln!("fnrun: {}", error_line(&e));
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    // A KRM function when asked, or when the input says it is a ResourceList.
-    let krm = args.krm.krm || fnrun_api::resourcelist::is_resource_list(&input);
+    let krm = source.is_some();
     if !krm && let Some(flag) = args.krm.krm_only_flag() {
         eprintln!(
             "fnrun: {flag} is for KRM functions, and the input is not a ResourceList \
@@ -174,8 +174,8 @@ fn run(args: RunArgs) -> ExitCode {
         (NetworkPolicyArg::Runner, _) | (_, true) => Network::Runner,
         (NetworkPolicyArg::Isolated, false) => Network::Isolated,
     };
-    if krm {
-        return krm::run(&runner, req, &args.krm);
+    if let Some(source) = &source {
+        return krm::run(&runner, req, &args.krm, source);
     }
     match current_thread_runtime().block_on(runner.run(req)) {
         Ok(out) => {
@@ -246,6 +246,42 @@ pub(crate) fn daemon_failed(e: &anyhow::Error, code: u8) -> ExitCode {
 fn error_line(e: &dyn std::fmt::Display) -> String {
     let line = e.to_string().trim_end().replace('\n', "\\n");
     error::bounded(&line, LINE_MAX)
+}
+
+/// `fnrun run`'s input, and where a KRM function's came from: a KRM
+/// function when the input is a package directory, a ResourceList, or YAML
+/// documents that are KRM objects and no FunctionIO, or when asked
+/// (`--krm`). Resources not in a ResourceList are wrapped into one, as kpt
+/// does; with `--krm`, anything else is read as a ResourceList, and
+/// refused as one.
+fn read_run_input(args: &RunArgs) -> Result<(Vec<u8>, Option<package::Source>), RunInputError> {
+    use fnrun_api::resourcelist::is_resource_list;
+    if args.input != "-" && std::path::Path::new(&args.input).is_dir() {
+        let (list, package) = package::read_package(std::path::Path::new(&args.input))?;
+        return Ok((list, Some(package::Source::Package(package))));
+    }
+    let input = read_input(&args.input)?;
+    if is_resource_list(&input) {
+        return Ok((input, Some(package::Source::ResourceList)));
+    }
+    let functionio = input
+        .windows(fnrun_api::functionio::KIND.len())
+        .any(|w| w == fnrun_api::functionio::KIND.as_bytes());
+    if !functionio && fnrun_api::resourcelist::resources(&input).is_ok_and(|r| !r.is_empty()) {
+        let (list, inputs) = package::wrap_stream(&input)?;
+        return Ok((list, Some(package::Source::Stream(inputs))));
+    }
+    // Neither: with --krm, checked (and refused) as a ResourceList.
+    Ok((input, args.krm.krm.then_some(package::Source::ResourceList)))
+}
+
+/// Why `fnrun run`'s input cannot be read.
+#[derive(Debug, thiserror::Error)]
+enum RunInputError {
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+    #[error(transparent)]
+    Resources(#[from] package::InputError),
 }
 
 fn read_input(path: &str) -> std::io::Result<Vec<u8>> {
@@ -350,5 +386,63 @@ mod tests {
         let line = error_line(&format!("{}\n", "z\n".repeat(1 << 20)));
         assert!(line.len() <= LINE_MAX, "{}", line.len());
         assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn tells_krm_input_by_what_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let source = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["fnrun", "run"][..], args].concat()).unwrap();
+            let Command::Run(run) = cli.command else {
+                unreachable!("parsed as run")
+            };
+            read_run_input(&run).map(|(_, source)| source)
+        };
+        let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n";
+        let stream = file("stream.yaml", &format!("{cm}---\n{cm}"));
+        assert!(matches!(
+            source(&["img", &stream]),
+            Ok(Some(package::Source::Stream(_)))
+        ));
+        let rl = file(
+            "rl.yaml",
+            "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems: []\n",
+        );
+        assert!(matches!(
+            source(&["img", &rl]),
+            Ok(Some(package::Source::ResourceList))
+        ));
+        let pkg = dir.path().join("pkg");
+        std::fs::create_dir(&pkg).unwrap();
+        std::fs::write(pkg.join("a.yaml"), cm).unwrap();
+        assert!(matches!(
+            source(&["img", pkg.to_str().unwrap()]),
+            Ok(Some(package::Source::Package(_)))
+        ));
+        // A FunctionIO, or YAML that is no KRM object: not KRM unless asked.
+        let fio = file(
+            "fio.yaml",
+            "apiVersion: apiextensions.crossplane.io/v1alpha1\nkind: FunctionIO\nmetadata: {name: x}\n",
+        );
+        assert!(matches!(source(&["img", &fio]), Ok(None)));
+        let plain = file("plain.yaml", "replicas: 3\n");
+        assert!(matches!(source(&["img", &plain]), Ok(None)));
+        assert!(matches!(
+            source(&["--krm", "img", &plain]),
+            Ok(Some(package::Source::ResourceList))
+        ));
+        std::fs::write(pkg.join("b.yaml"), "replicas: 3\n").unwrap();
+        let err = source(&["img", pkg.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "\"b.yaml\": document 0: resource must have `apiVersion`"
+        );
     }
 }
