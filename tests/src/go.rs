@@ -289,10 +289,17 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The KRM function `tests/go/krmfn` (static, on `gopkg.in/yaml.v3`) as an
-/// image: its binary is the entrypoint, on busybox.
+/// The KRM function `tests/go/krmfn` (static, on `gopkg.in/yaml.v3`) as a
+/// host binary: what kpt runs with `--exec`, to compare with fnrun running
+/// its image.
+pub fn krm_function_binary() -> Result<PathBuf> {
+    Toolchain::find()?.build("krmfn", &[])
+}
+
+/// The KRM function `tests/go/krmfn` as an image: its binary is the
+/// entrypoint, on busybox.
 pub fn krm_function() -> Result<crate::image::TestImage> {
-    let bin = Toolchain::find()?.build("krmfn", &[])?;
+    let bin = krm_function_binary()?;
     let binary = std::fs::read(&bin).with_context(|| format!("cannot read {}", bin.display()))?;
     Ok(crate::image::TestImage::busybox()
         .file("/usr/local/bin/krmfn", binary, 0o755)

