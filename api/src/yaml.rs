@@ -99,7 +99,7 @@ pub(crate) fn parse_mappings(
     stream: &[u8],
 ) -> Result<Vec<serde_norway::Mapping>, (usize, DocumentError)> {
     use serde::Deserialize;
-    check_flow_depth(stream).map_err(|e| (0, DocumentError::Yaml(e)))?;
+    bounds::check_stream(stream).map_err(|e| (0, DocumentError::Yaml(e.into())))?;
     let mut out = Vec::new();
     for (index, document) in serde_norway::Deserializer::from_slice(stream).enumerate() {
         match Value::deserialize(document) {

@@ -87,6 +87,18 @@ struct Open {
 /// Checks `doc` against [`MAX_DEPTH`] and the alias budget (see the module
 /// documentation).
 pub fn check(doc: &[u8]) -> Result<(), BoundsError> {
+    check_documents(doc, false)
+}
+
+/// [`check`] for a stream of documents separated by `---` (a file of a KRM
+/// package, or `kpt fn eval -`'s stdin): every document is bounded as one,
+/// and what aliases add is counted over the whole stream, against the
+/// stream's size.
+pub fn check_stream(doc: &[u8]) -> Result<(), BoundsError> {
+    check_documents(doc, true)
+}
+
+fn check_documents(doc: &[u8], stream: bool) -> Result<(), BoundsError> {
     let mut events = Events::new(doc);
     let budget = alias_budget(doc.len());
     let mut anchors: HashMap<Vec<u8>, Anchored> = HashMap::new();
@@ -104,7 +116,7 @@ pub fn check(doc: &[u8]) -> Result<(), BoundsError> {
         match event.kind {
             Kind::DocumentStart => {
                 documents += 1;
-                if documents > 1 {
+                if documents > 1 && !stream {
                     return Err(BoundsError::MoreThanOneDocument { line });
                 }
             }
@@ -448,6 +460,21 @@ mod tests {
         let doc = format!("data:\n  v: |\n    x\n    {}\n", "[".repeat(129));
         check(doc.as_bytes()).unwrap();
         assert!(parser(doc.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn a_stream_is_bounded_document_by_document() {
+        assert_eq!(check_stream(b"a: 1\n---\nb: [1]\n---\n"), Ok(()));
+        let deep = format!("a: 1\n---\nb: {}\n", "[".repeat(1 << 20));
+        assert!(matches!(
+            check_stream(deep.as_bytes()),
+            Err(BoundsError::TooDeep { .. })
+        ));
+        let bomb = format!("a: 1\n---\n{}", alias_bomb(1 << 16, 64));
+        assert!(matches!(
+            check_stream(bomb.as_bytes()),
+            Err(BoundsError::AliasBudget { .. })
+        ));
     }
 
     #[test]
