@@ -38,6 +38,10 @@ pub struct ReferenceError {
 pub enum ReferenceProblem {
     #[error("the reference is empty")]
     Empty,
+    #[error(
+        "{0}: images are not read; copy it into an OCI archive with `skopeo copy {0}:... oci-archive:IMAGE.tar` and use oci-archive:IMAGE.tar (or oci:DIR, a layout)"
+    )]
+    Transport(&'static str),
     #[error("the reference contains white space or control characters")]
     WhiteSpace,
     #[error("the oci layout path is empty")]
@@ -188,6 +192,14 @@ impl fmt::Display for ImageRef {
     }
 }
 
+/// skopeo's transports that fnrun does not read.
+const UNSUPPORTED_TRANSPORTS: [&str; 4] = [
+    "docker-archive",
+    "docker-daemon",
+    "containers-storage",
+    "dir",
+];
+
 pub(crate) fn parse(s: &str, default_registry: &str) -> Result<ImageRef, ReferenceError> {
     if s.is_empty() {
         return Err(invalid(s, ReferenceProblem::Empty));
@@ -197,6 +209,19 @@ pub(crate) fn parse(s: &str, default_registry: &str) -> Result<ImageRef, Referen
     }
     if let Some(rest) = s.strip_prefix("oci:") {
         return parse_oci_layout(s, rest, false);
+    }
+    // skopeo's and podman's transport of registries.
+    if let Some(rest) = s.strip_prefix("docker://") {
+        return parse_registry(rest, default_registry).map_err(|e| invalid(s, e.reason));
+    }
+    // skopeo's other transports: said to be unsupported, with what to use
+    // instead, rather than taken for a registry host named like them.
+    for transport in UNSUPPORTED_TRANSPORTS {
+        if s.strip_prefix(transport)
+            .is_some_and(|rest| rest.starts_with(':'))
+        {
+            return Err(invalid(s, ReferenceProblem::Transport(transport)));
+        }
     }
     if let Some(rest) = s.strip_prefix("oci-archive:") {
         return parse_oci_layout(s, rest, true);
@@ -662,6 +687,38 @@ mod tests {
             let err = ImageRef::parse(input, DOCKER_HUB).unwrap_err();
             assert_eq!(err.kind(), crate::ErrorKind::InvalidReference, "{input}");
         }
+    }
+
+    #[test]
+    fn takes_skopeos_docker_transport_and_names_what_to_use_for_others() {
+        let r = parse("docker://localhost:5000/fns/echo:v1", DOCKER_HUB).unwrap();
+        assert_eq!(r, reg("localhost:5000", "fns/echo", Some("v1"), None));
+        let r = parse("docker://busybox", DOCKER_HUB).unwrap();
+        assert_eq!(r.to_string(), "index.docker.io/library/busybox:latest");
+        let err = parse("docker://", DOCKER_HUB).unwrap_err();
+        assert_eq!(err.reference, "docker://");
+        for (input, transport) in [
+            ("docker-archive:/tmp/fn.tar", "docker-archive"),
+            ("docker-archive:fn.tar:fn:v1", "docker-archive"),
+            ("docker-daemon:fn:v1", "docker-daemon"),
+            ("containers-storage:fn", "containers-storage"),
+            ("dir:/tmp/fn", "dir"),
+        ] {
+            let err = parse(input, DOCKER_HUB).unwrap_err();
+            assert_eq!(
+                err.reason,
+                ReferenceProblem::Transport(transport),
+                "{input}"
+            );
+            let message = err.to_string();
+            assert!(
+                message.contains("skopeo copy") && message.contains("oci-archive:"),
+                "{message}"
+            );
+        }
+        // A registry host that merely starts like one is a registry.
+        let r = parse("dir.example.com/fn:v1", DOCKER_HUB).unwrap();
+        assert_eq!(r, reg("dir.example.com", "fn", Some("v1"), None));
     }
 
     #[test]
