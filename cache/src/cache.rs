@@ -8,12 +8,14 @@ use std::sync::Arc;
 
 use crate::config::{CacheConfig, Credentials, PullPolicy};
 use crate::error::Error;
-use crate::image::Image;
+use crate::image::{Image, ImageDetails};
 use crate::progress::{NoProgress, PullProgress};
 use crate::pull::{Puller, blocking};
 use crate::reference::ImageRef;
 use crate::registry::{Registries, Repo};
-use crate::store::{CachedImage, Lease, PruneReport, Store, VerifyReport};
+use crate::store::{
+    CachedImage, Lease, Prune as PruneWhat, PruneReport, Selector, Store, VerifyReport,
+};
 
 /// How [`Cache::get`] gets an image. The default: policy `IfNotPresent`, anonymous,
 /// nobody watching, no lease.
@@ -252,10 +254,80 @@ impl Cache {
     }
 
     async fn prune_inner(&self, max_bytes: Option<u64>) -> Result<PruneReport, Error> {
+        let what = match max_bytes {
+            Some(max) => PruneWhat::MaxBytes(max),
+            None => PruneWhat::Unused,
+        };
+        self.prune_as(what, false).await
+    }
+
+    /// What [`Cache::prune`] (`Some(max_bytes)`) or [`Cache::prune_unused`]
+    /// (`None`) would remove, removing nothing.
+    pub async fn prune_dry_run(&self, max_bytes: Option<u64>) -> Result<PruneReport, Error> {
+        let what = match max_bytes {
+            Some(max) => PruneWhat::MaxBytes(max),
+            None => PruneWhat::Unused,
+        };
+        self.prune_as(what, true).await
+    }
+
+    /// Removes the named images (references, or digests as `cache list`
+    /// shows them: `sha256:HEX` or at least 12 hex digits) and the blobs and
+    /// layers only they use, as `podman rmi` does. An image in use (leased by
+    /// a run) is kept and reported in `kept_in_use`; a name no cached
+    /// reference matches is reported in `not_found`. With `dry_run`, reports
+    /// what it would remove and removes nothing.
+    pub async fn remove(&self, images: &[String], dry_run: bool) -> Result<PruneReport, Error> {
+        let selectors = self.selectors(images);
         let inner = self.inner.clone();
         blocking(move || {
             let _gc = inner.store.gc_lock(true)?;
-            Ok(inner.store.prune(max_bytes)?)
+            Ok(inner.store.prune(PruneWhat::Images(&selectors), dry_run)?)
+        })
+        .await
+    }
+
+    async fn prune_as(
+        &self,
+        what: PruneWhat<'static>,
+        dry_run: bool,
+    ) -> Result<PruneReport, Error> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let _gc = inner.store.gc_lock(true)?;
+            Ok(inner.store.prune(what, dry_run)?)
+        })
+        .await
+    }
+
+    fn selectors(&self, images: &[String]) -> Vec<Selector> {
+        images
+            .iter()
+            .map(|raw| Selector {
+                raw: raw.clone(),
+                reference: self.parse_reference(raw).ok().map(|r| r.to_string()),
+            })
+            .collect()
+    }
+
+    /// What the cache holds of `image` (a reference, or a digest as `cache
+    /// list` shows it), without the network and without changing anything:
+    /// its digests, size, last use, config and layers. `None` when it is not
+    /// cached.
+    pub async fn inspect(&self, image: &str) -> Result<Option<ImageDetails>, Error> {
+        let selector = self.selectors(&[image.to_owned()]).remove(0);
+        let inner = self.inner.clone();
+        blocking(move || {
+            let _gc = inner.store.gc_lock(false)?;
+            let Some((reference, digest)) = inner.store.find(&selector) else {
+                return Ok(None);
+            };
+            let listed = inner
+                .store
+                .list()
+                .into_iter()
+                .find(|i| i.reference == reference);
+            inner.details(&reference, digest, listed)
         })
         .await
     }

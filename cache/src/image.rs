@@ -49,3 +49,51 @@ pub struct ImageConfig {
     /// `User` (`uid[:gid]` or names; empty: root).
     pub user: String,
 }
+
+/// What the cache holds of one image ([`crate::Cache::inspect`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageDetails {
+    /// Normalized reference.
+    pub reference: String,
+    /// The digest it resolves to (an index's, for a multi-platform image).
+    pub digest: String,
+    /// The digest of this platform's image manifest.
+    pub manifest_digest: String,
+    /// The digest of the image config.
+    pub config_digest: String,
+    /// Bytes of its blobs and unpacked layers in the cache.
+    pub size: u64,
+    /// Last use (pulled or run), seconds since the epoch, if recorded.
+    pub last_used: Option<u64>,
+    /// Whether a run is using it.
+    pub in_use: bool,
+    /// `Entrypoint`.
+    pub entrypoint: Vec<String>,
+    /// `Cmd`.
+    pub cmd: Vec<String>,
+    /// `Env`.
+    pub env: Vec<String>,
+    /// `WorkingDir`.
+    pub working_dir: String,
+    /// `User`.
+    pub user: String,
+    /// The layers, base first.
+    pub layers: Vec<LayerDetails>,
+}
+
+/// One layer of [`ImageDetails`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LayerDetails {
+    /// The (compressed) blob's digest.
+    pub digest: String,
+    /// The blob's size in bytes.
+    pub size: u64,
+    /// The digest of the uncompressed tar.
+    pub diff_id: String,
+    /// The media type.
+    pub media_type: String,
+    /// Whether it is unpacked in the cache (for any layer owner).
+    pub unpacked: bool,
+}

@@ -35,7 +35,7 @@ pub use crate::cache::{Cache, GetOptions, Got};
 pub use crate::config::{CacheConfig, Credentials, LayerOwner, OwnerError, PullPolicy};
 pub use crate::digest::DigestError;
 pub use crate::error::{Error, ErrorKind};
-pub use crate::image::{Image, ImageConfig};
+pub use crate::image::{Image, ImageConfig, ImageDetails, LayerDetails};
 pub use crate::layout::{BadArchive, BadBlob, LayoutError, NotLayout};
 pub use crate::manifest::{InvalidManifest, ManifestError, UnsupportedManifest};
 pub use crate::progress::PullProgress;

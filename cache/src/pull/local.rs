@@ -7,11 +7,11 @@ use super::{Puller, Resolved, Source};
 use crate::config::MAX_IMAGE_FILES;
 use crate::digest::Digest;
 use crate::error::Error;
-use crate::image::Image;
+use crate::image::{Image, ImageDetails, LayerDetails};
 use crate::layout;
 use crate::manifest::{self, ImageManifest, MAX_METADATA_BYTES, Manifest, ParsedConfig};
 use crate::reference::ImageRef;
-use crate::store::StoreError;
+use crate::store::{CachedImage, StoreError};
 use crate::unpack::Budget;
 
 /// What [`Puller::inspect`] finds of an image.
@@ -144,6 +144,59 @@ impl Puller {
             reference: reference.to_owned(),
             digest,
             manifest,
+        }))
+    }
+
+    /// The details of the cached `reference` ([`crate::Cache::inspect`]),
+    /// `None` when its manifest or config is not stored.
+    pub(crate) fn details(
+        &self,
+        reference: &str,
+        digest: String,
+        listed: Option<CachedImage>,
+    ) -> Result<Option<ImageDetails>, Error> {
+        let Some(resolved) = self.resolve_local(reference, None)? else {
+            return Ok(None);
+        };
+        let m = &resolved.manifest;
+        if !self.store.has_blob(&m.config.digest) {
+            return Ok(None);
+        }
+        let bytes = self
+            .store
+            .read_blob(&m.config.digest, "config", MAX_METADATA_BYTES)?;
+        let parsed = manifest::parse_config(&bytes, &m.config.digest, m.layers.len())?;
+        let layers = m
+            .layers
+            .iter()
+            .zip(&parsed.diff_ids)
+            .map(|(l, diff_id)| LayerDetails {
+                digest: l.digest.to_string(),
+                size: l.size,
+                diff_id: diff_id.to_string(),
+                media_type: l.media_type.clone(),
+                unpacked: self.store.unpacked_for_any_owner(diff_id),
+            })
+            .collect();
+        let config = parsed.config;
+        Ok(Some(ImageDetails {
+            reference: reference.to_owned(),
+            digest,
+            manifest_digest: resolved.digest.to_string(),
+            config_digest: m.config.digest.to_string(),
+            size: listed.as_ref().map_or(0, |l| l.bytes),
+            last_used: listed
+                .as_ref()
+                .and_then(|l| l.last_used)
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs()),
+            in_use: listed.is_some_and(|l| l.in_use),
+            entrypoint: config.entrypoint,
+            cmd: config.cmd,
+            env: config.env,
+            working_dir: config.working_dir,
+            user: config.user,
+            layers,
         }))
     }
 

@@ -53,8 +53,52 @@ pub struct PruneReport {
     pub freed_bytes: u64,
     /// Bytes the cache holds now.
     pub total_bytes: u64,
-    /// References kept although over the limit because they are in use.
+    /// References kept although over the limit (or asked to be removed)
+    /// because they are in use.
     pub kept_in_use: Vec<String>,
+    /// Images asked to be removed ([`crate::Cache::remove`]) that no cached
+    /// reference matched, as given.
+    pub not_found: Vec<String>,
+}
+
+/// An image named to [`crate::Cache::remove`] or [`crate::Cache::inspect`]:
+/// its reference (normalized, when it parses as one), or its digest:
+/// `sha256:HEX`, or at least 12 hex digits of it, as `cache list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Selector {
+    /// As given.
+    pub(crate) raw: String,
+    /// Normalized, if it parses as a reference.
+    pub(crate) reference: Option<String>,
+}
+
+/// Fewest hex digits of a digest that name an image (the DIGEST column of
+/// `cache list`).
+const MIN_DIGEST_PREFIX: usize = 12;
+
+impl Selector {
+    fn matches(&self, reference: &str, digest: &str) -> bool {
+        if self.reference.as_deref() == Some(reference) {
+            return true;
+        }
+        let hex = self.raw.strip_prefix("sha256:").unwrap_or(&self.raw);
+        (MIN_DIGEST_PREFIX..=64).contains(&hex.len())
+            && hex.bytes().all(|b| b.is_ascii_hexdigit())
+            && digest
+                .strip_prefix("sha256:")
+                .is_some_and(|d| d.starts_with(&hex.to_ascii_lowercase()))
+    }
+}
+
+/// What [`Store::prune`] removes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Prune<'a> {
+    /// What no reference or lease uses.
+    Unused,
+    /// That, then least recently used references until the store fits.
+    MaxBytes(u64),
+    /// These images and what only they use (nothing else unused).
+    Images(&'a [Selector]),
 }
 
 /// What [`crate::Cache::verify`] found and repaired.
@@ -323,8 +367,35 @@ impl Store {
         out
     }
 
-    /// See [`crate::Cache::prune`]; `None`: only remove what no reference or lease uses.
-    pub(crate) fn prune(&self, max_bytes: Option<u64>) -> Result<PruneReport, StoreError> {
+    /// Whether the layer `diff_id` is unpacked, for any layer owner (a root
+    /// runner's shifted ids or a rootless one's own).
+    pub(crate) fn unpacked_for_any_owner(&self, diff_id: &Digest) -> bool {
+        self.owner_tags()
+            .iter()
+            .any(|tag| self.layer_path(tag, diff_id.hex()).is_dir())
+    }
+
+    /// The first cached reference `selector` names: (reference, digest).
+    pub(crate) fn find(&self, selector: &Selector) -> Option<(String, String)> {
+        let mut found: Vec<RefFile> = self
+            .refs()
+            .into_iter()
+            .filter_map(|(_, r)| r)
+            .filter(|r| selector.matches(&r.reference, &r.digest))
+            .collect();
+        // An exact reference before those of a matching digest.
+        found.sort_by_key(|r| {
+            (
+                selector.reference.as_deref() != Some(&r.reference),
+                r.reference.clone(),
+            )
+        });
+        found.into_iter().next().map(|r| (r.reference, r.digest))
+    }
+
+    /// See [`crate::Cache::prune`] and [`crate::Cache::remove`]. With
+    /// `dry_run`, reports what it would remove and removes nothing.
+    pub(crate) fn prune(&self, what: Prune<'_>, dry_run: bool) -> Result<PruneReport, StoreError> {
         let tags = self.owner_tags();
         let sizes = self.sizes(&tags);
         let (leased_items, leased, _) = self.held_leases(&tags);
@@ -333,7 +404,7 @@ impl Store {
             total_bytes: total,
             ..PruneReport::default()
         };
-        if max_bytes.is_some_and(|m| total <= m) {
+        if matches!(what, Prune::MaxBytes(m) if total <= m) {
             return Ok(report);
         }
 
@@ -341,6 +412,7 @@ impl Store {
         struct Ref {
             name: String,
             reference: String,
+            digest: String,
             last_used: u64,
             items: HashSet<Item>,
             in_use: bool,
@@ -362,6 +434,7 @@ impl Store {
             refs.push(Ref {
                 name,
                 reference: r.reference,
+                digest: r.digest,
                 last_used: r.last_used.unwrap_or(0),
                 items,
                 in_use,
@@ -371,39 +444,86 @@ impl Store {
             *users.entry(i.clone()).or_default() += 1;
         }
 
-        // Unused items first, then least recently used references.
-        let mut doomed: Vec<Item> = sizes
-            .keys()
-            .filter(|i| !users.contains_key(i))
-            .cloned()
-            .collect();
+        // Unused items first (unless only named images go), then least
+        // recently used references, or the named ones.
+        let mut doomed: Vec<Item> = match what {
+            Prune::Images(_) => Vec::new(),
+            Prune::Unused | Prune::MaxBytes(_) => sizes
+                .keys()
+                .filter(|i| !users.contains_key(i))
+                .cloned()
+                .collect(),
+        };
         doomed.sort();
         let mut remaining = total - doomed.iter().map(|i| sizes[i]).sum::<u64>();
-        let mut doomed_refs = Vec::new();
-        if let Some(max) = max_bytes {
-            refs.sort_by(|a, b| (a.last_used, &a.reference).cmp(&(b.last_used, &b.reference)));
-            for r in &refs {
-                if remaining <= max {
-                    break;
+        let mut doomed_refs: Vec<&Ref> = Vec::new();
+        // Drops `r`'s uses; what nobody else uses then goes too.
+        let mut release = |r: &Ref, doomed: &mut Vec<Item>, remaining: &mut u64| {
+            let mut items: Vec<&Item> = r.items.iter().collect();
+            items.sort();
+            for i in items {
+                let n = users.get_mut(i).expect("counted above");
+                *n -= 1;
+                if *n == 0
+                    && let Some(size) = sizes.get(i)
+                {
+                    *remaining -= size;
+                    doomed.push(i.clone());
                 }
-                if r.in_use {
-                    report.kept_in_use.push(r.reference.clone());
-                    continue;
+            }
+        };
+        match what {
+            Prune::Unused => {}
+            Prune::MaxBytes(max) => {
+                refs.sort_by(|a, b| (a.last_used, &a.reference).cmp(&(b.last_used, &b.reference)));
+                for r in &refs {
+                    if remaining <= max {
+                        break;
+                    }
+                    if r.in_use {
+                        report.kept_in_use.push(r.reference.clone());
+                        continue;
+                    }
+                    release(r, &mut doomed, &mut remaining);
+                    doomed_refs.push(r);
                 }
-                let mut items: Vec<&Item> = r.items.iter().collect();
-                items.sort();
-                for i in items {
-                    let n = users.get_mut(i).expect("counted above");
-                    *n -= 1;
-                    if *n == 0
-                        && let Some(size) = sizes.get(i)
-                    {
-                        remaining -= size;
-                        doomed.push(i.clone());
+            }
+            Prune::Images(selectors) => {
+                for selector in selectors {
+                    let named: Vec<&Ref> = refs
+                        .iter()
+                        .filter(|r| selector.matches(&r.reference, &r.digest))
+                        .collect();
+                    if named.is_empty() {
+                        report.not_found.push(selector.raw.clone());
+                    }
+                    for r in named {
+                        if doomed_refs.iter().any(|d| d.name == r.name)
+                            || report.kept_in_use.contains(&r.reference)
+                        {
+                            continue;
+                        }
+                        if r.in_use {
+                            report.kept_in_use.push(r.reference.clone());
+                            continue;
+                        }
+                        release(r, &mut doomed, &mut remaining);
+                        doomed_refs.push(r);
                     }
                 }
-                doomed_refs.push(r);
             }
+        }
+        if dry_run {
+            report.removed_refs = doomed_refs.iter().map(|r| r.reference.clone()).collect();
+            for i in &doomed {
+                match i {
+                    Item::Blob(_) => report.removed_blobs += 1,
+                    Item::Layer(..) => report.removed_layers += 1,
+                }
+                report.freed_bytes += sizes[i];
+            }
+            report.total_bytes = total - report.freed_bytes;
+            return Ok(report);
         }
 
         // References first: a crash then leaves unused items, never a reference to
@@ -730,6 +850,97 @@ mod tests {
         let third = cache.get(&r, leased()).await.unwrap().lease.unwrap();
         assert!(cache.list().await.unwrap()[0].in_use);
         drop(third);
+    }
+
+    #[tokio::test]
+    async fn remove_takes_what_only_the_named_image_uses_and_keeps_leased_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = open(&tmp.path().join("cache"));
+        let base = layer("base", 100_000);
+        let a = store_image(&cache, "r.test/a:1", &[&base, &layer("a", 10_000)], 100);
+        let b = store_image(&cache, "r.test/b:1", &[&base, &layer("b", 20_000)], 200);
+        for r in ["r.test/a:1", "r.test/b:1"] {
+            get(&cache, r).await.unwrap();
+        }
+        // Something unused that `rm` leaves to `prune`.
+        let stray = b"stray".to_vec();
+        cache
+            .inner
+            .store
+            .write_blob(&Digest::of(&stray), "blob", &stray)
+            .unwrap();
+        let store = &cache.inner.store;
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+
+        // A dry run says what would go and removes nothing; so does prune's.
+        let before = cache.list().await.unwrap();
+        let dry = cache.remove(&names(&["r.test/a:1"]), true).await.unwrap();
+        assert_eq!(dry.removed_refs, ["r.test/a:1"]);
+        assert_eq!((dry.removed_blobs, dry.removed_layers), (3, 1), "{dry:?}");
+        assert!(
+            dry.freed_bytes > 10_000 && dry.freed_bytes < 100_000,
+            "{dry:?}"
+        );
+        let dry_prune = cache.prune_dry_run(Some(0)).await.unwrap();
+        assert_eq!(dry_prune.removed_refs, ["r.test/a:1", "r.test/b:1"]);
+        assert_eq!(dry_prune.total_bytes, 0);
+        let dry_unused = cache.prune_dry_run(None).await.unwrap();
+        assert_eq!(
+            (dry_unused.removed_blobs, dry_unused.removed_refs.len()),
+            (1, 0)
+        );
+        assert_eq!(cache.list().await.unwrap(), before);
+        assert!(store.has_blob(&Digest::of(&stray)));
+
+        // Inspect by reference and by the short digest `cache list` shows.
+        let details = cache.inspect("r.test/a:1").await.unwrap().expect("cached");
+        assert_eq!(details.digest, a.blobs[0].0.to_string());
+        assert_eq!(details.entrypoint, ["/bin/fn"]);
+        assert_eq!(details.layers.len(), 2);
+        assert!(details.layers.iter().all(|l| l.unpacked));
+        assert_eq!(details.layers[1].diff_id, a.diff_ids[1].to_string());
+        let short = &a.blobs[0].0.hex()[..12];
+        assert_eq!(cache.inspect(short).await.unwrap(), Some(details));
+        assert_eq!(cache.inspect("r.test/none:1").await.unwrap(), None);
+        assert_eq!(cache.inspect(&short[..6]).await.unwrap(), None);
+
+        // b is in use: rm keeps it; a goes with its own layer, the base stays.
+        let lease = {
+            let r = cache.parse_reference("r.test/b:1").unwrap();
+            let got = cache
+                .get(&r, GetOptions::new(PullPolicy::Never).leased())
+                .await
+                .unwrap();
+            got.lease.expect("a lease")
+        };
+        let r = cache
+            .remove(
+                &names(&["r.test/a:1", "r.test/b:1", "r.test/none:1"]),
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.removed_refs, ["r.test/a:1"]);
+        assert_eq!(r.kept_in_use, ["r.test/b:1"]);
+        assert_eq!(r.not_found, ["r.test/none:1"]);
+        assert!(!store.layer_dir(&a.diff_ids[1]).exists());
+        assert!(store.layer_dir(&a.diff_ids[0]).is_dir(), "b uses the base");
+        assert!(
+            store.has_blob(&Digest::of(&stray)),
+            "rm leaves unused blobs to prune"
+        );
+        assert_eq!(refs(&cache), ["r.test/b:1"]);
+        get(&cache, "r.test/b:1").await.unwrap();
+
+        // Released: rm by digest takes b and the base.
+        drop(lease);
+        let r = cache
+            .remove(&names(&[&b.blobs[0].0.to_string()]), false)
+            .await
+            .unwrap();
+        assert_eq!(r.removed_refs, ["r.test/b:1"]);
+        assert!(!store.layer_dir(&b.diff_ids[0]).exists());
+        assert!(refs(&cache).is_empty());
     }
 
     #[tokio::test]

@@ -21,6 +21,7 @@ mod gc;
 mod lease;
 
 pub use self::gc::{CachedImage, PruneReport, VerifyReport};
+pub(crate) use self::gc::{Prune, Selector};
 pub use self::lease::Lease;
 
 use std::fs::{self, File, OpenOptions};
