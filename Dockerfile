@@ -9,6 +9,8 @@
 #   rootfs/etc/passwd, group   root and the unprivileged fnrun user (65532)
 #   rootfs/etc/ssl/certs/ca-certificates.crt
 #                              CA certificates, for registries over HTTPS
+#   rootfs/usr/share/man/man1/fnrun*.1
+#                              the man pages (`fnrun man --output-dir`)
 #   rootfs/tmp/                empty, mode 1777
 #   empty/                     an empty directory, copied as the image cache
 #                              /var/cache/fnrun (a hostPath in deploy/) and the

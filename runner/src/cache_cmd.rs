@@ -1,4 +1,9 @@
-//! `fnrun cache list | prune [--max-size SIZE] | verify`.
+//! `fnrun cache list | inspect IMAGE | rm IMAGE... | prune [--max-size SIZE]
+//! [--dry-run] | verify`.
+//!
+//! `list`, `inspect`, `rm` and `prune` take `-o json|yaml` for scripts.
+//! `rm` and `prune` never remove what a run is using (a held lease); `rm`
+//! of an image in use, or of one that is not cached, exits 1 and says so.
 //!
 //! Exit codes: 0 success; 1 failure. `verify` exits 0 when it found the cache sound
 //! (crash leftovers such as dead tmp/ sessions are swept and are not damage) and 1
@@ -10,7 +15,10 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use clap::{Args, Subcommand};
-use fnrun_cache::{Cache, CacheConfig, CachedImage};
+use fnrun_cache::{Cache, CacheConfig, CachedImage, PruneReport};
+use serde::Serialize;
+
+use crate::config::OutputFormat;
 
 /// `fnrun cache` flags.
 #[derive(Debug, Args)]
@@ -26,13 +34,49 @@ pub struct CacheCmdArgs {
 #[derive(Debug, Subcommand)]
 pub enum CacheAction {
     /// List cached images with their size and last use.
-    List,
+    #[command(visible_alias = "ls")]
+    List {
+        /// Output format: text (a table), json or yaml.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+    /// Show what the cache holds of an image: digests, size, last use,
+    /// config and layers (JSON, as `skopeo inspect` prints; -o yaml).
+    Inspect {
+        /// Output format: json (also for text) or yaml.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Json)]
+        output: OutputFormat,
+        /// A cached reference, or its digest (sha256:HEX, or the 12 hex
+        /// digits `cache list` shows).
+        image: String,
+    },
+    /// Remove images and the blobs and layers only they use. An image in use
+    /// is kept (exit 1).
+    #[command(visible_alias = "rmi")]
+    Rm {
+        /// Say what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Output format: text, json or yaml.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+        /// Cached references, or digests (sha256:HEX, or the 12 hex digits
+        /// `cache list` shows).
+        #[arg(required = true, value_name = "IMAGE")]
+        images: Vec<String>,
+    },
     /// Remove unused blobs and layers; with --max-size, also the least recently
     /// used images until the cache fits. Images in use are never removed.
     Prune {
         /// Largest size the cache may keep (e.g. 10Gi, 0 for everything not in use).
         #[arg(long, value_name = "SIZE", value_parser = crate::config::parse_size)]
         max_size: Option<u64>,
+        /// Say what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Output format: text, json or yaml.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
     },
     /// Rehash every blob, check every layer and reference, remove what is damaged.
     /// Exit 0: sound; 1: damage was found and removed (or verify failed).
@@ -57,12 +101,25 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
             // The default cache before anything was pulled: nothing to list,
             // verify or prune, and nothing is created to say so.
             if !dir.exists() {
-                if let CacheAction::List = args.action {
-                    print!("{}", table(&[], SystemTime::now()));
-                } else {
-                    println!("no cache at {} yet: nothing was pulled", dir.display());
-                }
-                return Ok(ExitCode::SUCCESS);
+                return match &args.action {
+                    CacheAction::List { output } => Ok(crate::output::print(match output {
+                        OutputFormat::Text => table(&[], SystemTime::now()),
+                        format => crate::output::render(&Vec::<Listed>::new(), *format),
+                    })),
+                    CacheAction::Inspect { image, .. } => anyhow::bail!(
+                        "{image} is not in the cache: there is no cache at {} yet",
+                        dir.display()
+                    ),
+                    CacheAction::Rm { images, .. } => anyhow::bail!(
+                        "{} is not in the cache: there is no cache at {} yet",
+                        images.join(", "),
+                        dir.display()
+                    ),
+                    CacheAction::Prune { .. } | CacheAction::Verify => {
+                        println!("no cache at {} yet: nothing was pulled", dir.display());
+                        Ok(ExitCode::SUCCESS)
+                    }
+                };
             }
             dir
         }
@@ -79,30 +136,61 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     match args.action {
-        CacheAction::List => {
+        CacheAction::List { output } => {
             let images = rt.block_on(cache.list())?;
-            print!("{}", table(&images, SystemTime::now()));
-            Ok(ExitCode::SUCCESS)
-        }
-        CacheAction::Prune { max_size } => {
-            let r = match max_size {
-                Some(max) => rt.block_on(cache.prune(max))?,
-                None => rt.block_on(cache.prune_unused())?,
+            let text = match output {
+                OutputFormat::Text => table(&images, SystemTime::now()),
+                format => {
+                    let listed: Vec<Listed> = images.iter().map(Listed::from).collect();
+                    crate::output::render(&listed, format)
+                }
             };
-            for reference in &r.removed_refs {
-                println!("removed {reference}");
+            Ok(crate::output::print(text))
+        }
+        CacheAction::Inspect { output, image } => match rt.block_on(cache.inspect(&image))? {
+            Some(details) => Ok(crate::output::print(crate::output::render(
+                &details, output,
+            ))),
+            None => anyhow::bail!(
+                "{image} is not in the cache at {} (`fnrun cache list` lists what is)",
+                root.display()
+            ),
+        },
+        CacheAction::Rm {
+            dry_run,
+            output,
+            images,
+        } => {
+            let r = rt.block_on(cache.remove(&images, dry_run))?;
+            let code = report(&r, dry_run, output);
+            for image in &r.not_found {
+                eprintln!(
+                    "fnrun: {}",
+                    crate::error_line(&format!(
+                        "{image} is not in the cache at {}",
+                        root.display()
+                    ))
+                );
             }
             for reference in &r.kept_in_use {
-                println!("kept {reference} (in use)");
+                eprintln!("fnrun: {reference} is in use by a run; it was kept");
             }
-            println!(
-                "freed {} ({} blobs, {} layers); the cache holds {}",
-                human(r.freed_bytes),
-                r.removed_blobs,
-                r.removed_layers,
-                human(r.total_bytes)
-            );
-            Ok(ExitCode::SUCCESS)
+            match r.not_found.is_empty() && r.kept_in_use.is_empty() {
+                true => Ok(code),
+                false => Ok(ExitCode::from(1)),
+            }
+        }
+        CacheAction::Prune {
+            max_size,
+            dry_run,
+            output,
+        } => {
+            let r = match (max_size, dry_run) {
+                (max, true) => rt.block_on(cache.prune_dry_run(max))?,
+                (Some(max), false) => rt.block_on(cache.prune(max))?,
+                (None, false) => rt.block_on(cache.prune_unused())?,
+            };
+            Ok(report(&r, dry_run, output))
         }
         CacheAction::Verify => {
             let r = rt.block_on(cache.verify())?;
@@ -135,6 +223,90 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
                 println!("the cache is sound");
                 Ok(ExitCode::SUCCESS)
             }
+        }
+    }
+}
+
+/// What `rm` and `prune` removed (or, with `dry_run`, would remove).
+fn report(r: &PruneReport, dry_run: bool, output: OutputFormat) -> ExitCode {
+    if output != OutputFormat::Text {
+        return crate::output::print(crate::output::render(&Pruned::new(r, dry_run), output));
+    }
+    let (removed, freed) = match dry_run {
+        true => ("would remove", "would free"),
+        false => ("removed", "freed"),
+    };
+    let mut text = String::new();
+    for reference in &r.removed_refs {
+        text.push_str(&format!("{removed} {reference}\n"));
+    }
+    for reference in &r.kept_in_use {
+        text.push_str(&format!("kept {reference} (in use)\n"));
+    }
+    text.push_str(&format!(
+        "{freed} {} ({} blobs, {} layers); the cache {} {}\n",
+        human(r.freed_bytes),
+        r.removed_blobs,
+        r.removed_layers,
+        if dry_run { "would hold" } else { "holds" },
+        human(r.total_bytes)
+    ));
+    crate::output::print(text)
+}
+
+/// One image of `cache list -o json|yaml`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Listed {
+    reference: String,
+    digest: String,
+    /// Bytes.
+    size: u64,
+    /// Seconds since the epoch.
+    last_used: Option<u64>,
+    in_use: bool,
+}
+
+impl From<&CachedImage> for Listed {
+    fn from(i: &CachedImage) -> Listed {
+        Listed {
+            reference: i.reference.clone(),
+            digest: i.digest.clone(),
+            size: i.bytes,
+            last_used: i
+                .last_used
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_secs()),
+            in_use: i.in_use,
+        }
+    }
+}
+
+/// `rm` and `prune -o json|yaml`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Pruned<'a> {
+    dry_run: bool,
+    removed: &'a [String],
+    kept_in_use: &'a [String],
+    not_found: &'a [String],
+    removed_blobs: usize,
+    removed_layers: usize,
+    freed_bytes: u64,
+    total_bytes: u64,
+}
+
+impl Pruned<'_> {
+    fn new(r: &PruneReport, dry_run: bool) -> Pruned<'_> {
+        Pruned {
+            dry_run,
+            removed: &r.removed_refs,
+            kept_in_use: &r.kept_in_use,
+            not_found: &r.not_found,
+            removed_blobs: r.removed_blobs,
+            removed_layers: r.removed_layers,
+            freed_bytes: r.freed_bytes,
+            total_bytes: r.total_bytes,
         }
     }
 }

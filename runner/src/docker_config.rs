@@ -133,6 +133,19 @@ pub fn credentials_for_image(cache: &Cache, image: &str) -> Result<Credentials, 
     credentials_from_file(&path, &registry, Some(&helpers))
 }
 
+/// Credentials for `image` from `authfile` (`--authfile`) when given, else
+/// from the docker config file of this process's environment.
+pub fn credentials(
+    cache: &Cache,
+    image: &str,
+    authfile: Option<&Path>,
+) -> Result<Credentials, DockerConfigError> {
+    match authfile {
+        Some(path) => credentials_from_docker_config(cache, image, path),
+        None => credentials_for_image(cache, image),
+    }
+}
+
 /// Credentials for `image` from the docker config file at `path` (`auths`,
 /// `credHelpers`, `credsStore`); a missing file is an error.
 pub fn credentials_from_docker_config(

@@ -7,7 +7,7 @@
 //!   `localhost:9443`) renders through it;
 //! - `call IMAGE REQUEST|-` starts the function, calls it once with a
 //!   `RunFunctionRequest` in YAML or JSON (the protobuf JSON mapping), prints
-//!   the `RunFunctionResponse` as YAML and stops it.
+//!   the `RunFunctionResponse` as YAML (or, with `-o json`, JSON) and stops it.
 //!
 //! Both run the function as the daemon does ([`crate::host`]): in a sandbox,
 //! reached inside its own network namespace.
@@ -28,7 +28,8 @@ use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use tonic::metadata::MetadataMap;
 
 use crate::config::{
-    CacheArgs, NetworkPolicyArg, PullPolicyArg, SandboxArgs, parse_cpu, parse_duration, parse_size,
+    AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs, parse_cpu,
+    parse_duration, parse_size,
 };
 use crate::deadline::CallDeadline;
 use crate::error::{Class, LINE_MAX, bounded};
@@ -54,7 +55,7 @@ pub struct FunctionArgs {
 pub enum FunctionCommand {
     /// Host one Crossplane function on plain h2c (for `crossplane render`).
     Serve(ServeArgs),
-    /// Start a Crossplane function, call it once, print the response as YAML.
+    /// Start a Crossplane function, call it once, print the response as YAML (-o json: JSON).
     Call(CallArgs),
 }
 
@@ -73,7 +74,9 @@ pub enum ModeArg {
 pub struct FunctionOptions {
     #[arg(long, value_enum, default_value_t = ModeArg::Server)]
     pub mode: ModeArg,
-    #[arg(long, value_enum, default_value_t = PullPolicyArg::IfNotPresent)]
+    /// When to pull the image: IfNotPresent (kpt: ifNotPresent), Always or
+    /// Never.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = PullPolicyArg::IfNotPresent)]
     pub image_pull_policy: PullPolicyArg,
     #[arg(long, value_enum, default_value_t = NetworkPolicyArg::Isolated)]
     pub network_policy: NetworkPolicyArg,
@@ -97,13 +100,20 @@ pub struct FunctionOptions {
     pub env: Vec<String>,
     /// Registry credentials from this `.dockerconfigjson` (a pull secret's)
     /// instead of ~/.docker/config.json.
-    #[arg(long, value_name = "FILE", value_parser = crate::config::parse_path)]
+    #[arg(
+        long,
+        value_name = "FILE",
+        value_parser = crate::config::parse_path,
+        conflicts_with = "authfile"
+    )]
     pub pull_secret: Option<PathBuf>,
     /// The function's name in logs and metrics [default: from the image].
     #[arg(long)]
     pub name: Option<String>,
     #[command(flatten)]
     pub cache: CacheArgs,
+    #[command(flatten)]
+    pub auth: AuthArgs,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 }
@@ -123,10 +133,10 @@ pub struct ServeArgs {
     /// Permissions of a unix socket (octal).
     #[arg(long, default_value = "0660", value_parser = crate::config::parse_mode)]
     pub socket_mode: u32,
-    #[command(flatten)]
-    pub options: FunctionOptions,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST], oci:PATH[:TAG] or oci-archive:PATH[:TAG].
     pub image: String,
+    #[command(flatten)]
+    pub options: FunctionOptions,
 }
 
 #[derive(Debug, Args)]
@@ -134,13 +144,17 @@ pub struct CallArgs {
     /// The call's deadline (the server's start is not counted).
     #[arg(long, default_value = "25s", value_parser = parse_duration)]
     pub timeout: Duration,
-    #[command(flatten)]
-    pub options: FunctionOptions,
+    /// Output format of the response: yaml or json (the protobuf JSON
+    /// mapping).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
+    pub output: OutputFormat,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST], oci:PATH[:TAG] or oci-archive:PATH[:TAG].
     pub image: String,
     /// The RunFunctionRequest (YAML or JSON, protobuf JSON mapping), or - for stdin.
     #[arg(default_value = "-")]
     pub request: String,
+    #[command(flatten)]
+    pub options: FunctionOptions,
 }
 
 /// Runs `fnrun function ...`.
@@ -186,6 +200,9 @@ fn definition(
     };
     if let Some(path) = &options.pull_secret {
         def.credentials = CredentialSource::PullSecret(path.clone());
+    }
+    if let Some(path) = &options.auth.authfile {
+        def.credentials = CredentialSource::DockerConfig(path.clone());
     }
     def.start_timeout = options.start_timeout;
     def.idle_timeout = idle_timeout;
@@ -360,12 +377,23 @@ fn request_bytes(label: &str, text: &[u8]) -> Result<Vec<u8>, RequestError> {
     Ok(message.encode_to_vec())
 }
 
-/// A response's protobuf bytes as YAML (the protobuf JSON mapping).
-fn response_yaml(bytes: &[u8]) -> anyhow::Result<String> {
+/// A response's protobuf bytes as YAML or JSON (the protobuf JSON mapping;
+/// text is YAML).
+fn response_text(bytes: &[u8], format: OutputFormat) -> anyhow::Result<String> {
     let message = DynamicMessage::decode(message_type(RESPONSE_TYPE), bytes)
         .context("the function's response is not a RunFunctionResponse")?;
     // Fields in the proto's order, as protojson writes them.
-    serde_norway::to_string(&message).context("the response cannot be written as YAML")
+    match format {
+        OutputFormat::Json => {
+            let mut json = serde_json::to_string_pretty(&message)
+                .context("the response cannot be written as JSON")?;
+            json.push('\n');
+            Ok(json)
+        }
+        OutputFormat::Yaml | OutputFormat::Text => {
+            serde_norway::to_string(&message).context("the response cannot be written as YAML")
+        }
+    }
 }
 
 /// The first fatal result's message, if the response has one.
@@ -430,7 +458,7 @@ fn call(args: CallArgs) -> ExitCode {
         match result {
             Ok(response) => {
                 let bytes = response.into_inner();
-                let yaml = match response_yaml(&bytes) {
+                let yaml = match response_text(&bytes, args.output) {
                     Ok(yaml) => yaml,
                     Err(e) => return fail(crate::EXIT_FAILED, &format!("{e:#}")),
                 };
@@ -549,10 +577,17 @@ mod tests {
             ..Default::default()
         };
         let bytes = response.encode_to_vec();
-        let yaml = response_yaml(&bytes).unwrap();
+        let yaml = response_text(&bytes, OutputFormat::Yaml).unwrap();
         assert_eq!(
             yaml,
             "meta:\n  tag: t\n  ttl: 60s\nresults:\n- severity: SEVERITY_FATAL\n  message: no\n"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&response_text(&bytes, OutputFormat::Json).unwrap()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"meta": {"tag": "t", "ttl": "60s"},
+                "results": [{"severity": "SEVERITY_FATAL", "message": "no"}]})
         );
         assert_eq!(fatal_result(&bytes).as_deref(), Some("no"));
     }

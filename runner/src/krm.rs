@@ -32,6 +32,7 @@ use crate::runner::{RunAs, RunRequest, Runner};
 
 /// The KRM flags of `fnrun run`.
 #[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "KRM flags")]
 pub struct KrmArgs {
     /// Run a KRM function (kpt, kustomize): a ResourceList in and out.
     /// Chosen automatically when the input's kind is ResourceList.
@@ -51,7 +52,9 @@ pub struct KrmArgs {
     /// fnrun's own value of KEY, if it has one. Repeatable.
     #[arg(long = "env", short = 'e', value_name = "KEY[=VALUE]")]
     pub env: Vec<String>,
-    /// Mount a host file or directory, read-only unless rw=true. Repeatable.
+    /// Mount a host file or directory, read-only unless rw=true (or
+    /// readonly=false). docker's spellings work too:
+    /// type=bind,source=PATH,target=PATH[,readonly]. Repeatable.
     #[arg(long = "mount", value_name = "type=bind,src=PATH,dst=PATH[,rw=true]")]
     pub mounts: Vec<String>,
     /// Write the function's results to DIR/results.yaml (kpt's
@@ -133,7 +136,9 @@ pub enum FlagError {
 pub enum MountProblem {
     #[error("{0} is not of the form key=value")]
     NotKeyValue(Quoted),
-    #[error("unknown option {0} (the options are type, src, dst and rw)")]
+    #[error(
+        "unknown option {0} (the options are type, src or source, dst, target or destination, rw, and readonly or ro)"
+    )]
     Unknown(Quoted),
     #[error("{0} is given twice")]
     Twice(&'static str),
@@ -147,26 +152,36 @@ pub enum MountProblem {
     NoTarget,
     #[error("rw is {0}, expected true or false")]
     Rw(Quoted),
+    #[error("readonly is {0}, expected true or false (or readonly alone)")]
+    ReadOnly(Quoted),
+    #[error("rw and readonly are both given")]
+    RwAndReadOnly,
 }
 
 /// Parses `type=bind,src=PATH,dst=PATH[,rw=true]` (kpt's and kustomize's
-/// syntax; `source` and `target` are accepted for `src` and `dst`, as
-/// kustomize does) and resolves it.
+/// syntax) and docker's spellings of it (`source`, `target` or
+/// `destination`, and `readonly` or `ro`, alone or `=true|false`), and
+/// resolves it.
 pub fn parse_mount(spec: &str) -> Result<BindMount, FlagError> {
     let bad = |problem| FlagError::Mount {
         spec: Quoted::new(spec),
         problem,
     };
-    let (mut kind, mut src, mut dst, mut rw) = (None, None, None, None);
+    let (mut kind, mut src, mut dst, mut rw, mut readonly) = (None, None, None, None, None);
     for option in spec.split(',') {
-        let (key, value) = option
-            .split_once('=')
-            .ok_or_else(|| bad(MountProblem::NotKeyValue(Quoted::new(option))))?;
+        // docker's `readonly` and `ro` stand alone.
+        let (key, value) = match option.split_once('=') {
+            Some(pair) => pair,
+            None if matches!(option, "readonly" | "ro") => (option, "true"),
+            None => return Err(bad(MountProblem::NotKeyValue(Quoted::new(option)))),
+        };
         let (slot, name) = match key {
             "type" => (&mut kind, "type"),
             "src" | "source" => (&mut src, "src"),
-            "dst" | "target" => (&mut dst, "dst"),
+            "dst" | "target" | "destination" => (&mut dst, "dst"),
             "rw" => (&mut rw, "rw"),
+            "readonly" => (&mut readonly, "readonly"),
+            "ro" => (&mut readonly, "ro"),
             _ => return Err(bad(MountProblem::Unknown(Quoted::new(key)))),
         };
         if slot.replace(value).is_some() {
@@ -180,10 +195,16 @@ pub fn parse_mount(spec: &str) -> Result<BindMount, FlagError> {
     }
     let src = src.ok_or_else(|| bad(MountProblem::NoSource))?;
     let dst = dst.ok_or_else(|| bad(MountProblem::NoTarget))?;
-    let writable = match rw {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => return Err(bad(MountProblem::Rw(Quoted::new(other)))),
+    let writable = match (rw, readonly) {
+        (Some(_), Some(_)) => return Err(bad(MountProblem::RwAndReadOnly)),
+        (None | Some("false"), None) => false,
+        (Some("true"), None) => true,
+        (Some(other), None) => return Err(bad(MountProblem::Rw(Quoted::new(other)))),
+        (None, Some("true" | "1")) => false,
+        (None, Some("false" | "0")) => true,
+        (None, Some(other)) => {
+            return Err(bad(MountProblem::ReadOnly(Quoted::new(other))));
+        }
     };
     BindMount::new(Path::new(src), dst, writable).map_err(|err| FlagError::MountPath {
         spec: Quoted::new(spec),
@@ -592,6 +613,19 @@ mod tests {
         assert_eq!((m.target(), m.writable()), ("/source", false));
         let m = parse_mount(&format!("type=bind,source={src},target=/out,rw=true")).unwrap();
         assert_eq!((m.target(), m.writable()), ("/out", true));
+        // docker's spellings.
+        for (options, writable) in [
+            ("readonly", false),
+            ("ro", false),
+            ("readonly=true", false),
+            ("ro=1", false),
+            ("readonly=false", true),
+            ("ro=0", true),
+        ] {
+            let spec = format!("type=bind,source={src},destination=/d,{options}");
+            let m = parse_mount(&spec).unwrap();
+            assert_eq!((m.target(), m.writable()), ("/d", writable), "{spec}");
+        }
         for (spec, want) in [
             (format!("src={src},dst=/x"), "type=bind is missing"),
             (format!("type=volume,src={src},dst=/x"), "only bind mounts"),
@@ -602,12 +636,20 @@ mod tests {
                 "rw is \"yes\"",
             ),
             (
-                format!("type=bind,src={src},dst=/x,ro"),
-                "\"ro\" is not of the form",
+                format!("type=bind,src={src},dst=/x,rx"),
+                "\"rx\" is not of the form",
             ),
             (
-                format!("type=bind,src={src},dst=/x,readonly=true"),
-                "unknown option \"readonly\"",
+                format!("type=bind,src={src},dst=/x,readonly=yes"),
+                "readonly is \"yes\"",
+            ),
+            (
+                format!("type=bind,src={src},dst=/x,rw=true,ro"),
+                "rw and readonly are both given",
+            ),
+            (
+                format!("type=bind,src={src},dst=/x,bind-propagation=shared"),
+                "unknown option \"bind-propagation\"",
             ),
             (
                 format!("type=bind,src={src},src=/etc,dst=/x"),

@@ -14,8 +14,10 @@ mod host;
 mod image_spec;
 mod krm;
 mod listen;
+mod meta_cmd;
 mod metrics;
 mod package;
+mod output;
 mod progress;
 mod reflection;
 mod runner;
@@ -32,7 +34,9 @@ use clap::Parser;
 use fnrun_cache::{GetOptions, PullPolicy};
 use fnrun_sandbox::Network;
 
-use crate::config::{Cli, Command, LogFormat, NetworkPolicyArg, PullPolicyArg, RunArgs};
+use crate::config::{
+    Cli, Command, LogFormat, LogLevel, NetworkPolicyArg, OutputFormat, PullPolicyArg, RunArgs,
+};
 use crate::error::{Class, LINE_MAX};
 use crate::runner::RunRequest;
 
@@ -65,16 +69,26 @@ fn main() -> ExitCode {
     // TLS (registries, TCP listeners) is set up.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let default_level = match &cli.command {
-        Command::Serve(_) => "info",
+        Command::Serve(_) => LogLevel::Info,
         Command::Function(f) => match f.command {
-            function_cmd::FunctionCommand::Serve(_) => "info",
+            function_cmd::FunctionCommand::Serve(_) => LogLevel::Info,
             // `call` prints the response and, on failure, one error line.
-            function_cmd::FunctionCommand::Call(_) => "off",
+            function_cmd::FunctionCommand::Call(_) => LogLevel::Off,
         },
         // `run` prints the output FunctionIO and, on failure, one error line.
-        Command::Run(_) | Command::Pull(_) | Command::Cache(_) => "off",
+        Command::Run(_)
+        | Command::Pull(_)
+        | Command::Cache(_)
+        | Command::Version(_)
+        | Command::Completion(_)
+        | Command::Man(_) => LogLevel::Off,
     };
-    init_logging(cli.log_format, default_level);
+    let level = match (cli.log_level, cli.verbose) {
+        (Some(level), _) => Some(level),
+        (None, 0) => None,
+        (None, v) => Some(LogLevel::raised(default_level, v)),
+    };
+    init_logging(cli.log_format, level, default_level);
     match cli.command {
         Command::Serve(args) => match serve::serve(args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -93,12 +107,20 @@ fn main() -> ExitCode {
         Command::Pull(args) => pull(args),
         Command::Cache(args) => cache_cmd::main(args),
         Command::Function(args) => function_cmd::main(args),
+        Command::Version(args) => meta_cmd::version(args),
+        Command::Completion(args) => meta_cmd::completion(args),
+        Command::Man(args) => meta_cmd::man(args),
     }
 }
 
-fn init_logging(format: LogFormat, default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+/// Logs at `level` (`--log-level`, `-v`) when given, else as RUST_LOG says,
+/// else at the command's `default_level`.
+fn init_logging(format: LogFormat, level: Option<LogLevel>, default_level: LogLevel) {
+    let filter = match level {
+        Some(level) => tracing_subscriber::EnvFilter::new(level.directive()),
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level.directive())),
+    };
     // Colours only on a terminal: a DaemonSet's log, a file or a pipe gets
     // plain text (and never with NO_COLOR set).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
@@ -158,13 +180,15 @@ fn run(args: RunArgs) -> ExitCode {
     req.timeout = args.timeout;
     req.memory_bytes = args.memory;
     req.cpu_millis = args.cpu;
-    req.credentials = match docker_config::credentials_for_image(runner.cache(), &req.image) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("fnrun: {}", error_line(&e));
-            return ExitCode::from(EXIT_FAILED);
-        }
-    };
+    req.credentials =
+        match docker_config::credentials(runner.cache(), &req.image, args.auth.authfile.as_deref())
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("fnrun: {}", error_line(&e));
+                return ExitCode::from(EXIT_FAILED);
+            }
+        };
     req.pull_policy = match args.image_pull_policy {
         PullPolicyArg::IfNotPresent => PullPolicy::IfNotPresent,
         PullPolicyArg::Always => PullPolicy::Always,
@@ -307,10 +331,12 @@ fn pull(args: config::PullArgs) -> ExitCode {
     // Bars on a terminal only: piped or logged output stays one line per image.
     let terminal = std::io::stderr().is_terminal();
     let mut code = ExitCode::SUCCESS;
+    let mut pulled = Vec::new();
     for image in &args.images {
         let bars = terminal.then(|| Arc::new(progress::LayerBars::stderr()));
         let result = rt.block_on(async {
-            let creds = docker_config::credentials_for_image(runner.cache(), image)?;
+            let creds =
+                docker_config::credentials(runner.cache(), image, args.auth.authfile.as_deref())?;
             let reference = runner.cache().parse_reference(image)?;
             let mut options = GetOptions::new(PullPolicy::Always).credentials(creds);
             if let Some(bars) = &bars {
@@ -323,12 +349,24 @@ fn pull(args: config::PullArgs) -> ExitCode {
             bars.close();
         }
         match result {
-            Ok(img) => println!("{} {}", img.reference, img.digest),
+            Ok(img) if args.output == OutputFormat::Text => {
+                println!("{} {}", img.reference, img.digest)
+            }
+            Ok(img) => pulled.push(Pulled {
+                image: image.clone(),
+                reference: img.reference,
+                digest: img.digest,
+            }),
             Err(e) => {
                 eprintln!("fnrun: {}", error_line(&pull_failure(image, &e)));
                 code = ExitCode::from(EXIT_FAILED);
             }
         }
+    }
+    if args.output != OutputFormat::Text
+        && output::print(output::render(&pulled, args.output)) != ExitCode::SUCCESS
+    {
+        return ExitCode::from(EXIT_FAILED);
     }
     code
 }
@@ -341,6 +379,16 @@ fn pull_failure(image: &str, e: &PullError) -> String {
     } else {
         format!("{image}: {message}")
     }
+}
+
+/// One image of `fnrun pull -o json|yaml`.
+#[derive(Debug, serde::Serialize)]
+struct Pulled {
+    /// As given.
+    image: String,
+    /// Normalized.
+    reference: String,
+    digest: String,
 }
 
 /// Why `fnrun pull` failed for one image.

@@ -95,6 +95,58 @@ fn cli_uses_docker_config_credentials() {
     assert_same_yaml(&out.stdout, SAMPLE);
 }
 
+/// `--authfile FILE` (and `REGISTRY_AUTH_FILE`), as podman and skopeo take
+/// it: an auth.json in the docker config format instead of ~/.docker's.
+#[test]
+fn cli_takes_an_authfile_as_podman_and_skopeo_do() {
+    let (registry, image) = private_registry();
+    let mut cli = Cli::new().expect("cli");
+    // A home without credentials: only the auth file has them.
+    let home = cli.scratch().join("home");
+    std::fs::create_dir_all(&home).expect("mkdir");
+    cli.env("HOME", &home.display().to_string());
+    let auth = serde_json::json!({
+        "auths": { registry.addr(): { "auth": STANDARD.encode(format!("{USER}:{PASSWORD}")) } }
+    });
+    let authfile = cli
+        .write_file("auth.json", auth.to_string())
+        .expect("write auth.json");
+    let out = cli.run(&["pull", &image], None);
+    assert_eq!(out.code, Some(1), "no credentials: {}", out.describe());
+
+    let out = cli.run(&["pull", "--authfile", &authfile, &image], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let out = cli.run(
+        &[
+            "run",
+            "--image-pull-policy",
+            "always",
+            "--authfile",
+            &authfile,
+            &image,
+            "-",
+        ],
+        Some(SAMPLE.as_bytes()),
+    );
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert_same_yaml(&out.stdout, SAMPLE);
+
+    // The variable podman and skopeo read.
+    cli.env("REGISTRY_AUTH_FILE", &authfile);
+    let out = cli.run(&["pull", &image], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+
+    // A missing file is an error that names it, not an anonymous pull.
+    let missing = cli.scratch().join("missing.json").display().to_string();
+    let out = cli.run(&["pull", "--authfile", &missing, &image], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains("missing.json") && out.stderr.contains("No such file"),
+        "{}",
+        out.describe()
+    );
+}
+
 /// Writes the credential helper `docker-credential-<name>` into `dir`: `body` runs for
 /// `get`, any other action exits 0.
 fn install_helper(dir: &Path, name: &str, body: &str) {

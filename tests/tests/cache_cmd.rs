@@ -201,3 +201,164 @@ async fn daemon_prunes_to_cache_max_size_after_a_run() {
     assert!(emptied.is_some(), "blobs left: {:?}", files(&blobs));
     assert!(files(&daemon.cache_dir().join("refs")).is_empty());
 }
+
+/// Parses a command's JSON stdout.
+fn json(out: &fnrun_tests::process::Finished) -> serde_json::Value {
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.describe()))
+}
+
+/// Image management as skopeo and podman have it: `pull -o json` (and the
+/// `docker://` prefix), `cache list -o json|yaml`, `cache inspect`, `cache rm`
+/// and `--dry-run`; `rm` keeps an image a run is using, as `prune` does.
+#[test]
+fn inspect_rm_dry_runs_and_structured_output() {
+    let registry = Registry::start().expect("registry starts");
+    let echo = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let sleeper = TestImage::script("sleep 30\n").push_to(&registry, "fns/sleep:v1");
+    let cli = Cli::new().expect("cli");
+
+    let out = cli.run(
+        &["pull", "-o", "json", &format!("docker://{echo}"), &sleeper],
+        None,
+    );
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let pulled = json(&out);
+    assert_eq!(pulled[0]["image"], format!("docker://{echo}"));
+    assert_eq!(pulled[0]["reference"], echo.as_str(), "{pulled}");
+    assert!(
+        pulled[1]["digest"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("sha256:")),
+        "{pulled}"
+    );
+    let echo_digest = pulled[0]["digest"].as_str().unwrap().to_owned();
+
+    let out = cli.run(&["cache", "list", "-o", "json"], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let listed = json(&out);
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["reference"] == echo.as_str())
+        .expect("echo listed");
+    assert_eq!(row["digest"], echo_digest.as_str());
+    assert!(row["size"].as_u64().is_some_and(|s| s > 100_000), "{row}");
+    assert_eq!(row["inUse"], false);
+    let out = cli.run(&["cache", "list", "-o", "yaml"], None);
+    let yaml: serde_json::Value = serde_norway::from_str(&out.stdout).expect("YAML");
+    assert_eq!(yaml, listed);
+
+    // inspect, by reference (docker:// too) and by the digest `list` shows.
+    let out = cli.run(&["cache", "inspect", &echo], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let details = json(&out);
+    assert_eq!(details["digest"], echo_digest.as_str());
+    assert_eq!(details["entrypoint"], serde_json::json!(["/bin/cat"]));
+    assert!(
+        details["layers"]
+            .as_array()
+            .is_some_and(|l| !l.is_empty() && l.iter().all(|l| l["unpacked"] == true)),
+        "{details}"
+    );
+    let short = &echo_digest["sha256:".len().."sha256:".len() + 12];
+    let out = cli.run(&["cache", "inspect", "-o", "yaml", short], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let yaml: serde_json::Value = serde_norway::from_str(&out.stdout).expect("YAML");
+    assert_eq!(yaml, details);
+    let missing = registry.reference("fns/missing:v1");
+    let out = cli.run(&["cache", "inspect", &missing], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains("is not in the cache"),
+        "{}",
+        out.describe()
+    );
+
+    // Dry runs remove nothing.
+    let blobs = cli.cache_dir().join("blobs/sha256");
+    let before = files(&blobs).len();
+    let out = cli.run(&["cache", "prune", "--max-size", "0", "--dry-run"], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(
+        out.stdout.contains(&format!("would remove {echo}"))
+            && out.stdout.contains(&format!("would remove {sleeper}")),
+        "{}",
+        out.describe()
+    );
+    let out = cli.run(&["cache", "rm", "--dry-run", "-o", "json", &echo], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let plan = json(&out);
+    assert_eq!(plan["dryRun"], true);
+    assert_eq!(plan["removed"], serde_json::json!([echo]));
+    assert!(plan["freedBytes"].as_u64().is_some_and(|b| b > 0), "{plan}");
+    assert_eq!(files(&blobs).len(), before, "a dry run removes nothing");
+    assert_eq!(
+        json(&cli.run(&["cache", "list", "-o", "json"], None)),
+        listed
+    );
+
+    // A run holds the sleeper: rm keeps it and says so, exit 1.
+    let input = cli.write_file("in.yaml", SAMPLE).expect("input");
+    let mut run = Command::new(fnrun_tests::fnrun_bin())
+        .args(["run", "--cache-dir"])
+        .arg(cli.cache_dir())
+        .args(["--image-pull-policy", "Never", &sleeper, &input])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("fnrun run starts");
+    let in_use = fnrun_tests::wait_for(std::time::Duration::from_secs(30), || {
+        let listed = json(&cli.run(&["cache", "list", "-o", "json"], None));
+        listed
+            .as_array()?
+            .iter()
+            .any(|i| i["reference"] == sleeper.as_str() && i["inUse"] == true)
+            .then_some(())
+    });
+    let out = cli.run(&["cache", "rm", &sleeper, &echo, &missing], None);
+    let _ = run.kill();
+    let _ = run.wait();
+    assert!(in_use.is_some(), "the run never leased its image");
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stdout.contains(&format!("removed {echo}"))
+            && out.stdout.contains(&format!("kept {sleeper} (in use)")),
+        "{}",
+        out.describe()
+    );
+    assert!(
+        out.stderr.contains(&format!("{sleeper} is in use"))
+            && out
+                .stderr
+                .contains(&format!("{missing} is not in the cache")),
+        "{}",
+        out.describe()
+    );
+    let out = cli.run(&["cache", "list", "-o", "json"], None);
+    let left: Vec<String> = json(&out)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["reference"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(left, [sleeper.clone()]);
+
+    // Released: rm by digest removes it and every blob it used.
+    let out = cli.run(&["cache", "rmi", &short_digest(&cli, &sleeper)], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(files(&blobs).is_empty(), "{:?}", files(&blobs));
+}
+
+/// The 12 hex digits `cache list` shows for `reference`.
+fn short_digest(cli: &Cli, reference: &str) -> String {
+    let out = cli.run(&["cache", "list"], None);
+    out.stdout
+        .lines()
+        .find(|l| l.starts_with(reference))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("{reference} not listed: {}", out.describe()))
+        .to_owned()
+}

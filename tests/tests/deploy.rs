@@ -1,7 +1,7 @@
 //! The operator-facing artefacts: every manifest under `deploy/` validates
 //! against the Kubernetes 1.29 schemas and says what the runner needs, and the
 //! `Dockerfile` builds offline with buildah into an image whose entrypoint is
-//! a working, static fnrun that runs as a non-root user.
+//! a working, static fnrun that runs as a non-root user, with its man pages.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -497,6 +497,13 @@ fn image_builds_offline_with_buildah_and_runs_fnrun_as_non_root() {
             "{}",
             text(&version)
         );
+        // The man pages, generated from the command line by `fnrun man`.
+        for page in ["fnrun.1", "fnrun-run.1", "fnrun-cache-rm.1"] {
+            let path = rootfs.join("usr/share/man/man1").join(page);
+            let roff = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(roff.contains(".TH fnrun"), "{page}");
+        }
         let passwd = std::fs::read_to_string(rootfs.join("etc/passwd")).expect("/etc/passwd");
         assert!(passwd.contains(":65532:65532:"), "{passwd}");
         assert!(rootfs.join("etc/group").is_file());

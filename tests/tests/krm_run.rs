@@ -492,6 +492,24 @@ fn mounts_are_read_only_unless_rw_and_checked_strictly() {
     );
     let written = std::fs::metadata(data.join("written")).expect("written on the host");
     assert_eq!(written.uid(), 100_000 + 65534, "nobody of the mapped range");
+    std::fs::remove_file(data.join("written")).expect("rm");
+    // docker's spellings: source=, target= (or destination=), readonly.
+    for (options, write) in [
+        ("readonly", "refused"),
+        ("ro=true", "refused"),
+        ("readonly=false", "ok"),
+    ] {
+        let spec = format!("type=bind,source={},target=/data,{options}", data.display());
+        let out = krm_ok(&cli, &["run", "--krm", "--mount", &spec, &image]);
+        assert_eq!(
+            krm::last_message(&out.stdout),
+            format!("read=hi write={write} id=65534:65534"),
+            "{spec}"
+        );
+    }
+    let spec = format!("type=bind,source={},destination=/data", data.display());
+    let out = krm_ok(&cli, &["run", "--krm", "--mount", &spec, &image]);
+    assert!(krm::last_message(&out.stdout).starts_with("read=hi write=refused"));
 
     for (spec, want) in [
         (
@@ -525,6 +543,13 @@ fn mounts_are_read_only_unless_rw_and_checked_strictly() {
         (
             format!("type=bind,src={},dst=/data,rw=1", data.display()),
             "rw is \"1\"",
+        ),
+        (
+            format!(
+                "type=bind,src={},dst=/data,rw=true,readonly",
+                data.display()
+            ),
+            "rw and readonly are both given",
         ),
     ] {
         let out = krm_run(&cli, &["run", "--krm", "--mount", &spec, &image]);
