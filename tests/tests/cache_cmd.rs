@@ -344,7 +344,7 @@ fn inspect_rm_dry_runs_and_structured_output() {
         .iter()
         .map(|i| i["reference"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(left, [sleeper.clone()]);
+    assert_eq!(left, std::slice::from_ref(&sleeper));
 
     // Released: rm by digest removes it and every blob it used.
     let out = cli.run(&["cache", "rmi", &short_digest(&cli, &sleeper)], None);
