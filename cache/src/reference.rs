@@ -42,6 +42,10 @@ pub enum ReferenceProblem {
         "{0}: images are not read; copy it into an OCI archive with `skopeo copy {0}:... oci-archive:IMAGE.tar` and use oci-archive:IMAGE.tar (or oci:DIR, a layout)"
     )]
     Transport(&'static str),
+    #[error(
+        "the registry host {0} reads as the {0}: transport; give its address (an IP or a name with a dot)"
+    )]
+    HostIsTransport(&'static str),
     #[error("the reference contains white space or control characters")]
     WhiteSpace,
     #[error("the oci layout path is empty")]
@@ -210,8 +214,17 @@ pub(crate) fn parse(s: &str, default_registry: &str) -> Result<ImageRef, Referen
     if let Some(rest) = s.strip_prefix("oci:") {
         return parse_oci_layout(s, rest, false);
     }
-    // skopeo's and podman's transport of registries.
+    // skopeo's and podman's transport of registries. A registry host named
+    // like a transport (`docker://oci:5000/fn`) could not be printed back
+    // as a reference that means it: refused.
     if let Some(rest) = s.strip_prefix("docker://") {
+        if let Some(transport) = ["oci", "oci-archive"]
+            .into_iter()
+            .chain(UNSUPPORTED_TRANSPORTS)
+            .find(|t| rest.strip_prefix(t).is_some_and(|r| r.starts_with(':')))
+        {
+            return Err(invalid(s, ReferenceProblem::HostIsTransport(transport)));
+        }
         return parse_registry(rest, default_registry).map_err(|e| invalid(s, e.reason));
     }
     // skopeo's other transports: said to be unsupported, with what to use
@@ -697,6 +710,19 @@ mod tests {
         assert_eq!(r.to_string(), "index.docker.io/library/busybox:latest");
         let err = parse("docker://", DOCKER_HUB).unwrap_err();
         assert_eq!(err.reference, "docker://");
+        // Printed back, these would name a layout or a transport.
+        for (input, host) in [
+            ("docker://oci:5000/fn", "oci"),
+            ("docker://dir:5000/fn", "dir"),
+            ("docker://oci-archive:1/fn", "oci-archive"),
+        ] {
+            let err = parse(input, DOCKER_HUB).unwrap_err();
+            assert_eq!(
+                err.reason,
+                ReferenceProblem::HostIsTransport(host),
+                "{input}"
+            );
+        }
         for (input, transport) in [
             ("docker-archive:/tmp/fn.tar", "docker-archive"),
             ("docker-archive:fn.tar:fn:v1", "docker-archive"),
