@@ -161,7 +161,9 @@ impl Cache {
         let image = self
             .inner
             .get(reference, policy, &credentials, &progress)
-            .await?;
+            .await;
+        progress.pull_over();
+        let image = image?;
         let lease = match lease {
             true => {
                 let (inner, i) = (self.inner.clone(), image.clone());

@@ -55,6 +55,11 @@ pub trait PullProgress: Send + Sync {
     fn layer_cached(&self, digest: &str, total_bytes: u64) {
         let _ = (digest, total_bytes);
     }
+
+    /// The pull is over, done or failed: whatever is still running for it (a
+    /// layer unpacking on a detached task after a sibling failed) must not be
+    /// shown any more, since the caller prints next.
+    fn pull_over(&self) {}
 }
 
 /// A [`PullProgress`] that ignores everything.

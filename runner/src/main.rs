@@ -38,7 +38,7 @@ use crate::config::{
     Cli, Command, LogFormat, LogLevel, NetworkPolicyArg, OutputFormat, PullPolicyArg, RunArgs,
 };
 use crate::error::{Class, LINE_MAX};
-use crate::runner::RunRequest;
+use crate::runner::{PullDisplay, RunRequest};
 
 /// Version with build facts, for `--version` and the start-up log line.
 pub const VERSION: &str = concat!(
@@ -198,6 +198,11 @@ fn run(args: RunArgs) -> ExitCode {
         (NetworkPolicyArg::Runner, _) | (_, true) => Network::Runner,
         (NetworkPolicyArg::Isolated, false) => Network::Isolated,
     };
+    // A pull shows its layers on a terminal, as `docker run` does; the bars
+    // are closed when the pull is over, before the run prints anything.
+    if std::io::stderr().is_terminal() {
+        req.progress = Some(PullDisplay(Arc::new(progress::LayerBars::stderr())));
+    }
     if let Some(source) = &source {
         return krm::run(&runner, req, &args.krm, source);
     }

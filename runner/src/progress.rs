@@ -138,6 +138,10 @@ impl PullProgress for LayerBars {
             bar.finish();
         }
     }
+
+    fn pull_over(&self) {
+        self.close();
+    }
 }
 
 #[cfg(test)]

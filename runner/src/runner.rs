@@ -17,6 +17,7 @@ use fnrun_api::resourcelist::{self, ResourceList};
 use fnrun_api::{functionio, text};
 use fnrun_cache::{
     Cache, Credentials, ErrorKind, GetOptions, Got, Image, ImageRef, Lease, PullPolicy,
+    PullProgress,
 };
 use fnrun_sandbox::{BindMount, HostUser, Limits, Network, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -76,6 +77,19 @@ pub struct RunRequest {
     pub env: Vec<String>,
     /// Host paths mounted into the run.
     pub mounts: Vec<BindMount>,
+    /// Told of each layer when the image is pulled (`fnrun run`'s bars on a
+    /// terminal); `None`: nobody.
+    pub progress: Option<PullDisplay>,
+}
+
+/// A [`PullProgress`] in a [`RunRequest`].
+#[derive(Clone)]
+pub struct PullDisplay(pub Arc<dyn PullProgress>);
+
+impl std::fmt::Debug for PullDisplay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PullDisplay")
+    }
 }
 
 impl RunRequest {
@@ -95,6 +109,7 @@ impl RunRequest {
             run_as: RunAs::Image,
             env: Vec::new(),
             mounts: Vec::new(),
+            progress: None,
         }
     }
 
@@ -373,9 +388,13 @@ impl Runner {
         reference: &ImageRef,
         policy: PullPolicy,
         credentials: Credentials,
+        progress: Option<PullDisplay>,
     ) -> Result<(Image, Option<Lease>), RunError> {
         let pull_start = Instant::now();
-        let options = GetOptions::new(policy).credentials(credentials).leased();
+        let mut options = GetOptions::new(policy).credentials(credentials).leased();
+        if let Some(PullDisplay(progress)) = progress {
+            options = options.progress(progress);
+        }
         match self.cache.get(reference, options).await {
             Ok(Got { image, lease }) => {
                 if image.pulled {
@@ -419,7 +438,12 @@ impl Runner {
         let _running = Gauge::enter(&self.metrics.in_flight);
 
         let (image, _lease) = self
-            .image(&reference, req.pull_policy, req.credentials.clone())
+            .image(
+                &reference,
+                req.pull_policy,
+                req.credentials.clone(),
+                req.progress.clone(),
+            )
             .await?;
         let options = SpecOptions {
             extra_args: &[],

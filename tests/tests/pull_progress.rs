@@ -1,5 +1,6 @@
-//! `fnrun pull` on a terminal draws one progress bar per layer (short digest, bytes,
-//! final state); with stderr not a terminal it prints only its line per image.
+//! `fnrun pull`, and `fnrun run` when it pulls, draw one progress bar per layer on a
+//! terminal (short digest, bytes, final state); with stderr not a terminal `pull`
+//! prints only its line per image and `run` only the function's output.
 //!
 //! The terminal is a pseudo-terminal from util-linux `script -qec CMD /dev/null`, which
 //! copies everything the command writes to it onto its own stdout.
@@ -8,6 +9,7 @@ use std::process::Command;
 
 use fnrun_tests::cli::{CLI_GUARD, Cli};
 use fnrun_tests::fnrun_bin;
+use fnrun_tests::functionio::{MINIMAL, assert_same_yaml};
 use fnrun_tests::image::TestImage;
 use fnrun_tests::process::{Finished, run_capture};
 use fnrun_tests::registry::Registry;
@@ -118,4 +120,50 @@ fn pull_shows_layer_bars_on_a_terminal_only() {
     assert_eq!(out.code, Some(0), "{}", out.describe());
     assert_eq!(out.stdout, format!("{summary}\n"), "{}", out.describe());
     assert_eq!(out.stderr, "", "{}", out.describe());
+}
+
+#[test]
+fn run_shows_its_pull_on_a_terminal_before_the_output() {
+    if !fnrun_tests::have_tool("script") {
+        eprintln!("skipping: util-linux script is missing");
+        return;
+    }
+    let registry = Registry::start().expect("registry starts");
+    let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let layers = short_layer_digests(&registry, "fns/echo:v1");
+    let cli = Cli::new().expect("cli");
+    let input = cli.scratch().join("in.yaml");
+    std::fs::write(&input, MINIMAL).expect("write the input");
+    let input = input.display().to_string();
+
+    // The first run pulls: a bar per layer, all of them drawn before the output.
+    let out = cli.run_on_terminal(&["run", &image, &input], b"");
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(out.stdout.contains("Pull complete"), "{}", out.describe());
+    let output_at = out.stdout.find("desired").expect("the output FunctionIO");
+    for layer in &layers {
+        let at = out.stdout.find(layer.as_str());
+        assert!(
+            at.is_some_and(|at| at < output_at),
+            "{layer} before the output: {}",
+            out.describe()
+        );
+    }
+
+    // The image is cached: nothing of a pull.
+    let out = cli.run_on_terminal(&["run", &image, &input], b"");
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(!out.stdout.contains("Pull complete"), "{}", out.describe());
+    assert!(
+        !layers.iter().any(|l| out.stdout.contains(l.as_str())),
+        "{}",
+        out.describe()
+    );
+
+    // Not a terminal: stdout is the output alone, and stderr stays empty.
+    let fresh = Cli::new().expect("cli");
+    let out = fresh.run(&["run", &image, &input], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert_eq!(out.stderr, "", "{}", out.describe());
+    assert_same_yaml(&out.stdout, MINIMAL);
 }

@@ -180,7 +180,7 @@ impl Function {
                 let runner = &self.ctx.runner;
                 let reference = runner.reference(&self.def.image).map_err(failed)?;
                 runner
-                    .image(&reference, self.def.pull_policy, credentials)
+                    .image(&reference, self.def.pull_policy, credentials, None)
                     .await
                     .map_err(failed)
                     .map(drop)

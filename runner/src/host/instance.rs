@@ -120,7 +120,7 @@ impl Instance {
         let credentials = credentials(runner, def).await?;
         let reference = runner.reference(&def.image).map_err(failed)?;
         let (image, lease) = runner
-            .image(&reference, def.pull_policy, credentials)
+            .image(&reference, def.pull_policy, credentials, None)
             .await
             .map_err(failed)?;
         let mut args = vec![INSECURE_ARG.to_owned()];
