@@ -25,7 +25,11 @@ impl std::str::FromStr for ListenAddr {
             if path.is_empty() {
                 bail!("{s:?}: the unix socket path is empty");
             }
-            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+            // Absolute once, at start, like every path the user gives: the
+            // log, the socket's removal at exit and its checks all name one file.
+            let path = std::path::absolute(path)
+                .map_err(|e| anyhow::anyhow!("{s:?}: cannot make the path absolute: {e}"))?;
+            return Ok(ListenAddr::Unix(path));
         }
         if let Some(name) = s.strip_prefix("unix-abstract:") {
             if name.is_empty() || name.len() > 107 {
@@ -114,6 +118,15 @@ impl ListenAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relative_socket_path_is_made_absolute() {
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            "unix:run/fn.sock".parse::<ListenAddr>().unwrap(),
+            ListenAddr::Unix(cwd.join("run/fn.sock"))
+        );
+    }
 
     #[test]
     fn parses_the_three_forms() {

@@ -291,7 +291,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Vec<FunctionDef>, CatalogueErr
         .enumerate()
         .map(|(index, raw)| {
             let name = Quoted::new(&raw.name);
-            raw.check()
+            raw.check(path.parent().unwrap_or(Path::new("/")))
                 .map_err(|(field, problem)| CatalogueError::Function {
                     path: path.to_owned(),
                     index,
@@ -368,16 +368,18 @@ enum RawNetwork {
 const MAX_PIDS: u64 = 1 << 22;
 
 impl RawFunction {
-    fn check(self) -> Result<FunctionDef, (&'static str, FieldError)> {
+    /// The function, checked; relative credential paths are taken against
+    /// `base`, the functions file's directory (as kubeconfig's paths are).
+    fn check(self, base: &Path) -> Result<FunctionDef, (&'static str, FieldError)> {
         check_dns_label(&self.name).map_err(|e| ("name", e))?;
         check_image(&self.image).map_err(|e| ("image", e))?;
         let credentials = match (self.docker_config, self.pull_secret) {
             (None, None) => CredentialSource::DaemonDockerConfig,
-            (Some(path), None) => {
-                CredentialSource::DockerConfig(check_path(path).map_err(|e| ("dockerConfig", e))?)
-            }
+            (Some(path), None) => CredentialSource::DockerConfig(
+                check_path(base, path).map_err(|e| ("dockerConfig", e))?,
+            ),
             (None, Some(path)) => {
-                CredentialSource::PullSecret(check_path(path).map_err(|e| ("pullSecret", e))?)
+                CredentialSource::PullSecret(check_path(base, path).map_err(|e| ("pullSecret", e))?)
             }
             (Some(_), Some(_)) => return Err(("pullSecret", FieldError::TwoCredentialSources)),
         };
@@ -508,11 +510,12 @@ fn check_image(image: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
-fn check_path(path: PathBuf) -> Result<PathBuf, FieldError> {
+/// A path of the file, absolute: a relative one is taken against `base`.
+fn check_path(base: &Path, path: PathBuf) -> Result<PathBuf, FieldError> {
     if path.as_os_str().is_empty() {
         Err(FieldError::Empty)
     } else {
-        Ok(path)
+        Ok(base.join(path))
     }
 }
 

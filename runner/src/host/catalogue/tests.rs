@@ -64,6 +64,23 @@ functions:
 }
 
 #[test]
+fn relative_credential_paths_are_the_files_neighbours() {
+    let doc = "functions:\n- {name: a, image: a, pullSecret: pull/.dockerconfigjson}\n\
+               - {name: b, image: b, dockerConfig: ../docker/config.json}\n\
+               - {name: c, image: c, dockerConfig: /abs/config.json}\n";
+    let defs = parse(Path::new("/etc/fnrun/functions.yaml"), doc.as_bytes()).unwrap();
+    let sources: Vec<_> = defs.into_iter().map(|d| d.credentials).collect();
+    assert_eq!(
+        sources,
+        [
+            CredentialSource::PullSecret("/etc/fnrun/pull/.dockerconfigjson".into()),
+            CredentialSource::DockerConfig("/etc/fnrun/../docker/config.json".into()),
+            CredentialSource::DockerConfig("/abs/config.json".into()),
+        ]
+    );
+}
+
+#[test]
 fn numbers_and_strings_both_make_quantities_and_durations() {
     let defs = parse_str(
         "functions:\n- {name: a, image: a, resources: {memory: 1048576, cpu: 0.5}, idleTimeout: '90', timeout: 2}\n",
