@@ -133,7 +133,7 @@ fn tls_connections_are_routed_by_sni_and_without_sni_by_authority() {
         .unwrap();
     assert_eq!(outcome.code, tonic::Code::Unavailable, "{outcome:?}");
     host.wait_log(
-        "no function answers to this server name",
+        "no function answers to the server name \"fn-delta.crossplane-system\"",
         1,
         std::time::Duration::from_secs(5),
     )
