@@ -88,6 +88,16 @@ impl DaemonOpts {
         self
     }
 
+    /// `--listen ADDR` with TLS from `server`'s certificate and key.
+    pub fn tls_listen(self, addr: &str, server: &crate::certs::TlsFiles) -> Self {
+        self.arg("--listen")
+            .arg(addr)
+            .arg("--tls-cert")
+            .arg(server.cert.display().to_string())
+            .arg("--tls-key")
+            .arg(server.key.display().to_string())
+    }
+
     pub fn env(mut self, name: &str, value: &str) -> Self {
         self.env.push((name.to_owned(), value.to_owned()));
         self

@@ -59,16 +59,8 @@ async fn tls_listener_sets_tcp_nodelay() {
     let certs = Certs::new().unwrap();
     let server = certs.server("daemon", &["localhost"]).unwrap();
     let listen = format!("127.0.0.1:{}", free_port().unwrap());
-    let mut daemon = Daemon::start(
-        DaemonOpts::default()
-            .arg("--listen")
-            .arg(&listen)
-            .arg("--tls-cert")
-            .arg(server.cert.display().to_string())
-            .arg("--tls-key")
-            .arg(server.key.display().to_string()),
-    )
-    .expect("fnrun serve starts");
+    let mut daemon = Daemon::start(DaemonOpts::default().tls_listen(&listen, &server))
+        .expect("fnrun serve starts");
     daemon.wait_tcp(&listen).unwrap();
     assert_no_delay(&daemon, &listen, Some((&certs.ca_cert(), "localhost"))).await;
 }

@@ -179,12 +179,7 @@ async fn a_tls_listen_address_says_why_it_refuses_a_handshake() {
     let metrics = format!("127.0.0.1:{}", free_port().unwrap());
     let mut daemon = Daemon::start(
         DaemonOpts::default()
-            .arg("--listen")
-            .arg(&listen)
-            .arg("--tls-cert")
-            .arg(server.cert.display().to_string())
-            .arg("--tls-key")
-            .arg(server.key.display().to_string())
+            .tls_listen(&listen, &server)
             .arg("--tls-client-ca")
             .arg(certs.ca_cert().display().to_string())
             .arg("--metrics-listen")
