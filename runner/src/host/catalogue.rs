@@ -152,9 +152,30 @@ impl Catalogue {
     }
 
     /// The catalogue of `--functions FILE` (if any) and `--function NAME=IMAGE`.
+    #[cfg(test)]
     pub fn load(file: Option<&Path>, flags: &[String]) -> Result<Catalogue, CatalogueError> {
+        Ok(Catalogue::load_contents(file, flags)?.0)
+    }
+
+    /// As [`Catalogue::load`], with the file's contents as read: what a
+    /// watcher compares later, so that a change made while loading is seen.
+    pub fn load_contents(
+        file: Option<&Path>,
+        flags: &[String],
+    ) -> Result<(Catalogue, Option<Vec<u8>>), CatalogueError> {
+        let contents = file.map(read_file).transpose()?;
+        let catalogue = Catalogue::from_contents(file.zip(contents.as_deref()), flags)?;
+        Ok((catalogue, contents))
+    }
+
+    /// The catalogue of a functions file's contents (`path` names it in
+    /// errors and anchors its relative paths) and `--function NAME=IMAGE`.
+    pub fn from_contents(
+        file: Option<(&Path, &[u8])>,
+        flags: &[String],
+    ) -> Result<Catalogue, CatalogueError> {
         let mut defs = match file {
-            Some(path) => parse_file(path)?,
+            Some((path, bytes)) => parse(path, bytes)?,
             None => Vec::new(),
         };
         for flag in flags {
@@ -253,8 +274,9 @@ fn parse_flag(value: &str) -> Result<FunctionDef, CatalogueError> {
     FunctionDef::new(name, image).map_err(|e| flag(FlagError::Name(e)))
 }
 
-/// The functions of the file at `path`.
-pub fn parse_file(path: &Path) -> Result<Vec<FunctionDef>, CatalogueError> {
+/// The contents of the functions file at `path`, refused over
+/// [`MAX_FILE_BYTES`].
+pub fn read_file(path: &Path) -> Result<Vec<u8>, CatalogueError> {
     use std::io::Read;
     let read = |err| CatalogueError::Read {
         path: path.to_owned(),
@@ -272,7 +294,7 @@ pub fn parse_file(path: &Path) -> Result<Vec<FunctionDef>, CatalogueError> {
             limit: MAX_FILE_BYTES,
         });
     }
-    parse(path, &bytes)
+    Ok(bytes)
 }
 
 /// The functions of a functions file's contents (`path` names it in errors).

@@ -99,7 +99,8 @@ pub async fn start(
         .parse()
         .context("--functions-listen")?;
     let tls = tls_setup(args, &addr)?;
-    let catalogue = Catalogue::load(args.functions_file.as_deref(), &args.function)?;
+    let (catalogue, seen) =
+        Catalogue::load_contents(args.functions_file.as_deref(), &args.function)?;
     let names: Vec<String> = catalogue.names().map(str::to_owned).collect();
 
     let (resolver, server_config) = match &tls {
@@ -142,7 +143,6 @@ pub async fn start(
         "serving Crossplane functions"
     );
 
-    let seen = args.functions_file.as_deref().and_then(read_bounded);
     let reloader = Reloader {
         seen,
         check_every: args.functions_check_interval,
@@ -276,7 +276,7 @@ impl Reloader {
         let Some(path) = self.file.clone() else {
             return false;
         };
-        let now = tokio::task::spawn_blocking(move || read_bounded(&path))
+        let now = tokio::task::spawn_blocking(move || catalogue::read_file(&path).ok())
             .await
             .ok()
             .flatten();
@@ -284,17 +284,21 @@ impl Reloader {
     }
 
     async fn try_reload(&mut self) -> anyhow::Result<Changes> {
-        if let Some(path) = self.file.clone() {
-            self.seen = tokio::task::spawn_blocking(move || read_bounded(&path))
-                .await
-                .ok()
-                .flatten();
-        }
         let (file, flags) = (self.file.clone(), self.flags.clone());
-        let catalogue =
-            tokio::task::spawn_blocking(move || Catalogue::load(file.as_deref(), &flags))
-                .await
-                .context("load the functions file")??;
+        let (catalogue, contents) = tokio::task::spawn_blocking(move || {
+            // What is compared from now on is what was read, usable or not:
+            // a file that cannot be used is not tried again until it changes.
+            let contents = file.as_deref().map(catalogue::read_file).transpose();
+            let seen = contents.as_ref().ok().cloned().flatten();
+            let catalogue = contents.and_then(|contents| {
+                Catalogue::from_contents(file.as_deref().zip(contents.as_deref()), &flags)
+            });
+            (catalogue, seen)
+        })
+        .await
+        .context("load the functions file")?;
+        self.seen = contents;
+        let catalogue = catalogue?;
         let names: Vec<String> = catalogue.names().map(str::to_owned).collect();
         if let Some((source, resolver)) = &self.tls {
             resolver.replace(source.cert_set(&names, &self.namespace)?);
@@ -307,18 +311,4 @@ impl Reloader {
         self.names = names;
         Ok(changes)
     }
-}
-
-/// The functions file's bytes (at most one more than the largest allowed),
-/// to tell whether it changed.
-fn read_bounded(path: &std::path::Path) -> Option<Vec<u8>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| {
-            f.take(catalogue::MAX_FILE_BYTES + 1)
-                .read_to_end(&mut bytes)
-        })
-        .ok()
-        .map(|_| bytes)
 }
