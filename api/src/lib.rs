@@ -19,6 +19,7 @@
 //!
 //! No error of this crate quotes more than a few hundred bytes of its input.
 
+pub mod duration;
 pub mod functionio;
 pub mod functionio_v1;
 pub mod quantity;

@@ -17,6 +17,7 @@
 
 mod cache;
 mod config;
+pub mod credentials;
 mod digest;
 mod error;
 mod image;

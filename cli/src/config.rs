@@ -1,0 +1,363 @@
+//! The flag groups and value parsers every command shares, and building the
+//! cache, sandbox and runner from them.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use fnrun_cache::{Cache, CacheConfig, LayerOwner};
+use fnrun_sandbox::{IdMap, Sandbox, SandboxConfig};
+
+use fnrun_core::runner::{Admission, Runner};
+
+/// `-o`/`--output` of the commands a script may parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum OutputFormat {
+    /// For people: a table or lines of text.
+    #[default]
+    #[value(alias = "table")]
+    Text,
+    Json,
+    Yaml,
+}
+
+/// Flags for the image cache and registries.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Registry flags")]
+pub struct CacheArgs {
+    /// Cache directory [default: $FNRUN_CACHE_DIR, else /var/cache/fnrun as
+    /// root, else $XDG_CACHE_HOME/fnrun].
+    #[arg(long, env = "FNRUN_CACHE_DIR", value_parser = crate::config::parse_path)]
+    pub cache_dir: Option<PathBuf>,
+    /// Default registry for unqualified image references.
+    #[arg(long, default_value = fnrun_cache::DOCKER_HUB)]
+    pub registry: String,
+    /// A registry (HOST[:PORT]) that may be reached over plain HTTP. Loopback
+    /// registries always may: such a registry is used over plain HTTP if it
+    /// answers plain HTTP, over verified HTTPS otherwise.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registries: Vec<String>,
+    /// PEM file of CA certificates trusted for HTTPS registries, in addition
+    /// to the system roots.
+    #[arg(long, value_name = "FILE", value_parser = crate::config::parse_path)]
+    pub ca_bundle: Option<PathBuf>,
+    /// Largest unpacked size of one image.
+    #[arg(long, default_value = "4Gi", value_parser = parse_size)]
+    pub max_image_bytes: u64,
+}
+
+/// Where registry credentials come from.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Registry flags")]
+pub struct AuthArgs {
+    /// Registry credentials from this file instead of ~/.docker/config.json:
+    /// a docker config.json or the auth.json of `podman login` and `skopeo
+    /// --authfile` (`auths`, `credHelpers`, `credsStore`).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "REGISTRY_AUTH_FILE",
+        value_parser = crate::config::parse_path
+    )]
+    pub authfile: Option<PathBuf>,
+}
+
+/// Flags for the sandbox.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Sandbox flags")]
+pub struct SandboxArgs {
+    /// First host uid of the 65536 ids mapped into sandboxes (privileged runner).
+    #[arg(long, default_value_t = 100000)]
+    pub map_root_uid: u32,
+    /// First host gid of the 65536 ids mapped into sandboxes (privileged runner).
+    #[arg(long, default_value_t = 100000)]
+    pub map_root_gid: u32,
+    /// Most bytes of stdout a function may write.
+    #[arg(long, default_value = "100Mi", value_parser = parse_size)]
+    pub max_output_bytes: u64,
+    /// A seccomp profile file (JSON, see docs/seccomp.md) to use instead of
+    /// the default profile.
+    #[arg(long, value_name = "FILE", conflicts_with = "seccomp_unconfined", value_parser = crate::config::parse_path)]
+    pub seccomp_profile: Option<PathBuf>,
+    /// Run functions without a seccomp filter (not recommended).
+    #[arg(long)]
+    pub seccomp_unconfined: bool,
+    /// Run anyway, with a warning, when a requested cpu or memory limit cannot
+    /// be enforced on this host (default: fail with FAILED_PRECONDITION).
+    #[arg(long)]
+    pub best_effort_limits: bool,
+}
+
+/// Kubernetes' spellings (`IfNotPresent`), kpt's (`ifNotPresent`) and any
+/// other case (`--image-pull-policy` is parsed ignoring case).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PullPolicyArg {
+    #[value(name = "IfNotPresent", alias = "if-not-present")]
+    IfNotPresent,
+    #[value(name = "Always")]
+    Always,
+    #[value(name = "Never")]
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum NetworkPolicyArg {
+    #[value(name = "Isolated", alias = "isolated")]
+    Isolated,
+    #[value(name = "Runner", alias = "runner")]
+    Runner,
+}
+
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    fnrun_api::quantity::parse_memory(s).map_err(|e| e.to_string())
+}
+
+pub fn parse_cpu(s: &str) -> Result<u64, String> {
+    fnrun_api::quantity::parse_cpu_millis(s).map_err(|e| e.to_string())
+}
+
+pub fn parse_mode(s: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{s:?} is not an octal mode"))?;
+    if mode & 0o002 != 0 {
+        return Err(format!("{s} would make the socket world-writable"));
+    }
+    if mode > 0o777 {
+        return Err(format!("{s} is not a permission mode"));
+    }
+    Ok(mode)
+}
+
+/// A path the user gives, made absolute against the working directory once,
+/// as the command line is read: the sandbox's spawner, the daemon's tasks and
+/// the mount code do not run from it (a relative `--cache-dir ./c` failed
+/// every run with ENOENT). Symlinks are left as they are.
+pub fn parse_path(s: &str) -> Result<PathBuf, String> {
+    if s.is_empty() {
+        return Err("the path is empty".to_owned());
+    }
+    std::path::absolute(s).map_err(|e| format!("cannot make {s:?} absolute: {e}"))
+}
+
+/// The cache directory when none is given: `/var/cache/fnrun` as root, else
+/// `$XDG_CACHE_HOME/fnrun`, else `$HOME/.cache/fnrun`, else the home of the
+/// user's passwd entry (a service user without `HOME`), else a private
+/// `/tmp/fnrun-UID` (never the shared `/tmp/fnrun`: another user could
+/// create it first and replace the layers functions run from). Whichever
+/// it is, if it exists it must be this user's and writable by no one else.
+pub fn default_cache_dir() -> anyhow::Result<PathBuf> {
+    let uid = nix::unistd::geteuid();
+    let (dir, private_tmp) = default_cache_location(
+        uid.is_root(),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+        || {
+            nix::unistd::User::from_uid(uid)
+                .ok()
+                .flatten()
+                .map(|u| u.dir)
+        },
+        uid.as_raw(),
+    );
+    if private_tmp {
+        use std::os::unix::fs::DirBuilderExt;
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => anyhow::bail!(
+                "cannot create the cache directory {} ({e}); give one with --cache-dir",
+                dir.display()
+            ),
+        }
+    }
+    check_private(&dir, uid.as_raw())?;
+    Ok(dir)
+}
+
+/// Where the default cache is (see [`default_cache_dir`]), and whether it is
+/// the `/tmp` fallback that fnrun creates itself.
+fn default_cache_location(
+    root: bool,
+    xdg_cache_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+    passwd_home: impl FnOnce() -> Option<PathBuf>,
+    uid: u32,
+) -> (PathBuf, bool) {
+    if root {
+        return (PathBuf::from("/var/cache/fnrun"), false);
+    }
+    // As podman and skopeo read them: only absolute values count.
+    let absolute = |v: Option<std::ffi::OsString>| {
+        v.map(PathBuf::from)
+            .filter(|p| p.is_absolute() && p != Path::new("/"))
+    };
+    if let Some(dir) = absolute(xdg_cache_home) {
+        return (dir.join("fnrun"), false);
+    }
+    if let Some(home) =
+        absolute(home).or_else(|| passwd_home().filter(|p| p.is_absolute() && p != Path::new("/")))
+    {
+        return (home.join(".cache/fnrun"), false);
+    }
+    (PathBuf::from(format!("/tmp/fnrun-{uid}")), true)
+}
+
+/// Refuses a default cache directory (if it exists) that is not a directory
+/// of `uid`'s, or that others may write to: whoever can write it can replace
+/// the layers functions run from.
+fn check_private(dir: &Path, uid: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => anyhow::bail!(
+            "cannot inspect the cache directory {} ({e}); give one with --cache-dir",
+            dir.display()
+        ),
+    };
+    let problem = if !meta.is_dir() {
+        Some("is not a directory".to_owned())
+    } else if meta.uid() != uid {
+        Some(format!(
+            "is owned by uid {}, not by this user ({uid})",
+            meta.uid()
+        ))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "is writable by other users (mode {:o})",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => anyhow::bail!(
+            "the default cache directory {} {problem}: another user could replace the \
+             layers functions run from; give a directory of your own with --cache-dir \
+             (or $FNRUN_CACHE_DIR)",
+            dir.display()
+        ),
+        None => Ok(()),
+    }
+}
+
+/// Builds the runner from flags.
+pub fn build_runner(
+    cache: &CacheArgs,
+    sandbox: &SandboxArgs,
+    admission: Admission,
+) -> anyhow::Result<Runner> {
+    let root = match &cache.cache_dir {
+        Some(dir) => dir.clone(),
+        None => default_cache_dir()?,
+    };
+    let id_map = IdMap::detect(sandbox.map_root_uid, sandbox.map_root_gid);
+    let owner = match id_map {
+        IdMap::Range {
+            host_uid,
+            host_gid,
+            size,
+        } => LayerOwner::Shift {
+            uid: host_uid,
+            gid: host_gid,
+            size,
+        },
+        IdMap::Own { .. } => LayerOwner::Identity,
+    };
+    let mut cache_config = CacheConfig::new(&root);
+    cache_config.default_registry = cache.registry.clone();
+    cache_config.insecure_registries = cache.insecure_registries.clone();
+    cache_config.owner = owner;
+    cache_config.max_image_bytes = cache.max_image_bytes;
+    if let Some(path) = &cache.ca_bundle {
+        let pem = std::fs::read(path)
+            .map_err(|e| anyhow::anyhow!("cannot read --ca-bundle {}: {e}", path.display()))?;
+        cache_config.ca_bundle = Some(pem);
+    }
+    let cache = Cache::open(cache_config)
+        .map_err(|e| anyhow::anyhow!("cannot open the cache at {}: {e}", root.display()))?;
+    let mut sandbox_config = SandboxConfig::new(root.join("mnt"), id_map);
+    sandbox_config.max_output_bytes = usize::try_from(sandbox.max_output_bytes)
+        .map_err(|_| anyhow::anyhow!("--max-output-bytes is too large"))?;
+    sandbox_config.best_effort_limits = sandbox.best_effort_limits;
+    // This binary, which serves as the spawner when exec'd as one (see `main`).
+    sandbox_config.spawner_exe = Some(std::path::PathBuf::from("/proc/self/exe"));
+    if sandbox.seccomp_unconfined {
+        sandbox_config.seccomp = None;
+    } else if let Some(path) = &sandbox.seccomp_profile {
+        let program = fnrun_seccomp::program_from_file(path)
+            .map_err(|e| anyhow::anyhow!("seccomp profile {}: {e}", path.display()))?;
+        sandbox_config.seccomp = Some(std::sync::Arc::new(program));
+    }
+    let sandbox = Sandbox::new(sandbox_config)
+        .map_err(|e| anyhow::anyhow!("cannot set up the sandbox: {e}"))?;
+    Ok(Runner::new(cache, sandbox, admission))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_cache_is_never_the_shared_tmp() {
+        let os = |s: &str| Some(std::ffi::OsString::from(s));
+        let none = || None;
+        assert_eq!(
+            default_cache_location(true, os("/x"), os("/h"), none, 0),
+            (PathBuf::from("/var/cache/fnrun"), false)
+        );
+        assert_eq!(
+            default_cache_location(false, os("/x"), os("/h"), none, 1000),
+            (PathBuf::from("/x/fnrun"), false)
+        );
+        // A relative or empty XDG_CACHE_HOME is ignored, as podman does.
+        assert_eq!(
+            default_cache_location(false, os("rel"), os("/h"), none, 1000),
+            (PathBuf::from("/h/.cache/fnrun"), false)
+        );
+        // A service user without HOME: the passwd entry's home.
+        assert_eq!(
+            default_cache_location(false, None, None, || Some(PathBuf::from("/srv/svc")), 1000),
+            (PathBuf::from("/srv/svc/.cache/fnrun"), false)
+        );
+        // No home at all (or `/`): a private directory of this uid's.
+        assert_eq!(
+            default_cache_location(false, os(""), None, || Some(PathBuf::from("/")), 1000),
+            (PathBuf::from("/tmp/fnrun-1000"), true)
+        );
+    }
+
+    #[test]
+    fn a_default_cache_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let uid = nix::unistd::geteuid().as_raw();
+        let dir = tmp.path().join("fnrun");
+        check_private(&dir, uid).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        check_private(&dir, uid).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = check_private(&dir, uid).unwrap_err().to_string();
+        assert!(e.contains("is writable by other users (mode 1777)"), "{e}");
+        assert!(e.contains("--cache-dir"), "{e}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = check_private(&dir, uid + 1).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("is owned by uid {uid}, not by this user")),
+            "{e}"
+        );
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let e = check_private(&link, uid).unwrap_err().to_string();
+        assert!(e.contains("is not a directory"), "{e}");
+    }
+
+    #[test]
+    fn socket_modes() {
+        assert_eq!(parse_mode("0660").unwrap(), 0o660);
+        assert_eq!(parse_mode("600").unwrap(), 0o600);
+        assert!(parse_mode("0666").is_err());
+        assert!(parse_mode("0777").is_err());
+        assert!(parse_mode("rw").is_err());
+    }
+}

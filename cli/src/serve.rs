@@ -1,0 +1,441 @@
+//! `fnrun serve`: the daemon. One tonic server per listen address, all on one
+//! shared [`Runner`], each serving the v1alpha1 runner and Porch's evaluator
+//! ([`fnrun_evaluator`]).
+//!
+//! SIGTERM/SIGINT: health turns NOT_SERVING at once while every listener
+//! keeps serving for `--shutdown-delay`; then the listeners close, in-flight
+//! calls get `--shutdown-grace` to finish, and the daemon exits 0.
+
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use fnrun_api::v1alpha1::containerized_function_runner_service_server::ContainerizedFunctionRunnerServiceServer;
+use futures::TryStreamExt;
+use tokio::sync::watch;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Server;
+
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::config::{CacheArgs, SandboxArgs, parse_mode, parse_size};
+use crate::functions_args::FunctionsArgs;
+use fnrun_core::metrics::dir_bytes;
+use fnrun_core::runner::Admission;
+use fnrun_core::runner::Runner;
+use fnrun_evaluator::EvaluatorService;
+use fnrun_host::FunctionMetrics;
+use fnrun_transport::authority::NormalizeAuthority;
+use fnrun_transport::deadline::DeadlineLayer;
+use fnrun_transport::listen::{ListenAddr, Listener};
+use fnrun_transport::tls_accept::HandshakeMetrics;
+use fnrun_transport::tls_accept::{ListenerKind, TlsAccept};
+use fnrun_v1alpha1::FunctionRunnerService;
+
+/// The health service names of the two APIs of `--listen`.
+const RUNNER_SERVICE: &str = <ContainerizedFunctionRunnerServiceServer<FunctionRunnerService> as tonic::server::NamedService>::NAME;
+const EVALUATOR_SERVICE: &str = <fnrun_api::evaluator::function_evaluator_server::FunctionEvaluatorServer<EvaluatorService> as tonic::server::NamedService>::NAME;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to serve the runner (v1alpha1) and Porch's evaluator on:
+    /// unix:PATH, unix-abstract:NAME or HOST:PORT. Repeatable; `none` turns
+    /// it off (with `--functions`: only functions are served).
+    #[arg(
+        long = "listen",
+        default_value = "unix-abstract:crossplane/fn/default.sock"
+    )]
+    pub listen: Vec<String>,
+    /// Runs at once [default: 4 per core].
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Calls that may wait for a run slot; beyond it calls fail at once with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// Permissions of unix sockets (octal); never world-writable.
+    #[arg(long, default_value = "0660", value_parser = parse_mode)]
+    pub socket_mode: u32,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// On SIGTERM/SIGINT, how long health reports NOT_SERVING while new calls
+    /// are still served, before the listeners close (so that Kubernetes and
+    /// load balancers stop sending first); 0: close at once. A second signal
+    /// ends it.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = fnrun_api::duration::parse)]
+    pub shutdown_delay: Duration,
+    /// Once the listeners are closed, how long in-flight runs may take to
+    /// finish before they are killed.
+    #[arg(long, default_value = "30s", value_parser = fnrun_api::duration::parse)]
+    pub shutdown_grace: Duration,
+    /// TLS certificate (PEM) for TCP listeners; unix sockets stay plain.
+    #[arg(long, value_name = "FILE", requires = "tls_key", value_parser = crate::config::parse_path)]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for `--tls-cert`.
+    #[arg(long, value_name = "FILE", requires = "tls_cert", value_parser = crate::config::parse_path)]
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle (PEM): TCP clients must present a certificate it signed (mTLS).
+    #[arg(long, value_name = "FILE", requires = "tls_cert", value_parser = crate::config::parse_path)]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Only run images from this registry (HOST[:PORT]; `oci` for local
+    /// layouts). Repeatable; default: any.
+    #[arg(long = "allowed-registry", value_name = "HOST[:PORT]")]
+    pub allowed_registries: Vec<String>,
+    /// Keep the image cache under SIZE (e.g. 10Gi): after runs, least recently
+    /// used images are evicted; images in use never are.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub cache_max_size: Option<u64>,
+    /// Pull these images into the cache at start, unless cached (for Porch's
+    /// functions, say). A failed prefetch is a warning; the daemon serves
+    /// meanwhile.
+    #[arg(long, value_name = "IMAGE", num_args = 1..)]
+    pub prefetch: Vec<String>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub functions: FunctionsArgs,
+}
+
+/// What `/metrics` shows: the runner's, the function host's and the TLS
+/// listeners', and the bytes the cache holds (read at each scrape).
+fn render_metrics(
+    runner: &Runner,
+    functions: &Arc<FunctionMetrics>,
+    tls: &Arc<HandshakeMetrics>,
+) -> fnrun_transport::metrics_http::Render {
+    let (metrics, functions, tls) = (runner.metrics().clone(), functions.clone(), tls.clone());
+    let root = runner.cache().root().to_path_buf();
+    Arc::new(move || {
+        let cache_bytes = dir_bytes(&root.join("blobs")) + dir_bytes(&root.join("layers"));
+        let mut out = metrics.render(cache_bytes);
+        functions.render(&mut out);
+        tls.render(&mut out);
+        out
+    })
+}
+
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the tokio runtime")?;
+    rt.block_on(serve_async(args))
+}
+
+async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
+    // Before anything listens: a SIGTERM or SIGINT that comes as soon as the
+    // socket exists must stop the daemon gracefully, not be lost (an inherited
+    // SIG_IGN, as in a non-interactive shell's background job) or kill it.
+    let mut signals = Signals::install()?;
+    let addrs = listen_addrs(&args.listen, args.functions.enabled())?;
+    if addrs.is_empty() {
+        tracing::info!("the runner's listener is off (--listen none): only functions are served");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let admission = Admission {
+        max_concurrency: args.max_concurrency.unwrap_or(4 * cores),
+        max_queue: args.max_queue,
+    };
+    let runner = crate::config::build_runner(&args.cache, &args.sandbox, admission)?
+        .with_allowed_registries(args.allowed_registries.clone())
+        .with_cache_max_size(args.cache_max_size);
+    tracing::info!(
+        cache = %runner.cache().root().display(),
+        max_concurrency = admission.max_concurrency,
+        max_queue = admission.max_queue,
+        "fnrun {} starting",
+        crate::support::VERSION
+    );
+    tracing::info!(limits = %runner.sandbox().limit_support(), "limits this host can enforce");
+    let runner = Arc::new(runner);
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    // Each part counts its own; a scrape renders them all.
+    let function_metrics = Arc::new(FunctionMetrics::default());
+    let tls_metrics = Arc::new(HandshakeMetrics::default());
+    let metrics_task = match args.metrics_listen {
+        Some(addr) => Some(
+            fnrun_transport::metrics_http::serve(
+                addr,
+                render_metrics(&runner, &function_metrics, &tls_metrics),
+                stopped(shutdown_rx.clone()),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let (reflection_v1, reflection_v1alpha) = fnrun_transport::reflection::services(&[
+        fnrun_api::v1alpha1::FILE_DESCRIPTOR_SET,
+        fnrun_api::evaluator::FILE_DESCRIPTOR_SET,
+    ])?;
+    let evaluator = EvaluatorService::server(runner.clone());
+    if !args.prefetch.is_empty() {
+        tokio::spawn(fnrun_evaluator::prefetch(
+            runner.clone(),
+            args.prefetch.clone(),
+        ));
+    }
+    let service =
+        ContainerizedFunctionRunnerServiceServer::new(FunctionRunnerService::new(runner.clone()))
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(128 << 20);
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    for service in [RUNNER_SERVICE, EVALUATOR_SERVICE] {
+        health_reporter
+            .set_service_status(service, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+
+    let tls = tls_accept(&args, tls_metrics.clone())?;
+    let mut servers = Vec::new();
+    let mut socket_files = Vec::new();
+    for addr in &addrs {
+        let listener = addr.bind(args.socket_mode)?;
+        tracing::info!(address = %addr, "listening");
+        let router = Server::builder()
+            .layer(DeadlineLayer)
+            .add_service(health.clone())
+            .add_service(reflection_v1.clone())
+            .add_service(reflection_v1alpha.clone())
+            .add_service(service.clone())
+            .add_service(evaluator.clone());
+        let shutdown = stopped(shutdown_rx.clone());
+        servers.push(match listener {
+            Listener::Unix(l, path) => {
+                socket_files.extend(path);
+                // Clients of unix sockets send the socket's path or name as
+                // `:authority`, which h2 refuses; see `authority`.
+                let incoming = UnixListenerStream::new(l).map_ok(NormalizeAuthority::new);
+                tokio::spawn(router.serve_with_incoming_shutdown(incoming, shutdown))
+            }
+            Listener::Tcp(l) => match &tls {
+                Some(tls) => {
+                    let (tx, rx) = tokio::sync::mpsc::channel(64);
+                    tokio::spawn(tls.clone().run(l, tx, |tls| tls));
+                    tokio::spawn(router.serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::ReceiverStream::new(rx),
+                        shutdown,
+                    ))
+                }
+                None => tokio::spawn(router.serve_with_incoming_shutdown(
+                    fnrun_transport::listen::tcp_incoming(l),
+                    shutdown,
+                )),
+            },
+        });
+    }
+
+    // Crossplane v1 functions, when any is configured: their own listener.
+    let functions = fnrun_host::daemon::start(
+        &args.functions.config(),
+        runner.clone(),
+        function_metrics,
+        tls_metrics,
+        args.socket_mode,
+        stopped(shutdown_rx.clone()),
+    )
+    .await?;
+
+    let signal = signals.next().await;
+    // Health says NOT_SERVING first, while every listener still serves: a
+    // Kubernetes endpoint or a load balancer takes a moment to stop sending
+    // here, and a call it sends meanwhile must not be refused.
+    tracing::info!(
+        signal,
+        delay = ?args.shutdown_delay,
+        "shutting down: health reports NOT_SERVING; new calls are served for the shutdown delay"
+    );
+    for service in ["", RUNNER_SERVICE, EVALUATOR_SERVICE] {
+        health_reporter
+            .set_service_status(service, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    if let Some(functions) = &functions {
+        functions.not_serving().await;
+    }
+    if !args.shutdown_delay.is_zero() {
+        tokio::select! {
+            () = tokio::time::sleep(args.shutdown_delay) => {}
+            second = signals.next() => tracing::info!(signal = second, "second signal: the shutdown delay ends now"),
+        }
+    }
+    tracing::info!(grace = ?args.shutdown_grace, "closing the listeners: draining in-flight calls");
+    let _ = shutdown_tx.send(true);
+    // In-flight runs get the grace period; then their tasks are aborted, which
+    // drops their sandboxes and so kills them.
+    let functions_stopped = async {
+        if let Some(functions) = functions {
+            functions.stop(args.shutdown_grace).await;
+        }
+    };
+    let drain = futures::future::join_all(servers.iter_mut());
+    let (drained, ()) = tokio::join!(
+        tokio::time::timeout(args.shutdown_grace, drain),
+        functions_stopped
+    );
+    match drained {
+        Ok(results) => {
+            for result in results {
+                match result {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!("server ended with an error: {e}"),
+                    Err(e) => tracing::warn!("server task failed: {e}"),
+                }
+            }
+        }
+        Err(_) => {
+            tracing::warn!(
+                grace = ?args.shutdown_grace,
+                "grace period over: killing the runs still in flight"
+            );
+            for server in &servers {
+                server.abort();
+            }
+        }
+    }
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
+    for path in socket_files {
+        let _ = std::fs::remove_file(&path);
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The addresses of `--listen`; `none`, alone, turns the runner's listener
+/// off, which leaves only the functions listener (`--functions`) to serve.
+fn listen_addrs(listen: &[String], functions: bool) -> anyhow::Result<Vec<ListenAddr>> {
+    if !listen.iter().any(|a| a == "none") {
+        return listen.iter().map(|a| a.parse()).collect();
+    }
+    if listen.len() > 1 {
+        bail!(
+            "--listen none turns the runner's listener off: give it alone, without other --listen addresses"
+        );
+    }
+    if !functions {
+        bail!(
+            "--listen none leaves nothing to serve: give --functions FILE or --function NAME=IMAGE too"
+        );
+    }
+    Ok(Vec::new())
+}
+
+/// TLS for TCP listeners, from `--tls-cert`, `--tls-key` and
+/// `--tls-client-ca`; handshakes are [`fnrun_transport::tls_accept`]'s, which logs and
+/// counts those it refuses.
+fn tls_accept(
+    args: &ServeArgs,
+    metrics: Arc<HandshakeMetrics>,
+) -> anyhow::Result<Option<TlsAccept>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    let read =
+        |p: &std::path::PathBuf| std::fs::read(p).with_context(|| format!("read {}", p.display()));
+    let certs = |p: &std::path::PathBuf| -> anyhow::Result<Vec<CertificateDer<'static>>> {
+        let chain: Vec<_> = CertificateDer::pem_slice_iter(&read(p)?)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{}: not PEM", p.display()))?;
+        if chain.is_empty() {
+            bail!("{} has no PEM certificate", p.display());
+        }
+        Ok(chain)
+    };
+    let chain = certs(cert)?;
+    let private_key = PrivateKeyDer::from_pem_slice(&read(key)?)
+        .with_context(|| format!("{} has no PEM private key", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?;
+    let builder = match &args.tls_client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in certs(ca)? {
+                roots
+                    .add(c)
+                    .with_context(|| format!("--tls-client-ca {}", ca.display()))?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .with_context(|| format!("--tls-client-ca {}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(chain, private_key)
+        .with_context(|| {
+            format!(
+                "--tls-cert {} with --tls-key {}",
+                cert.display(),
+                key.display()
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Some(TlsAccept::new(
+        ListenerKind::Runner,
+        Arc::new(config),
+        None,
+        metrics,
+    )))
+}
+
+/// The handlers of the signals that stop the daemon.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("install SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("install SIGINT handler")?,
+        })
+    }
+
+    /// The name of the next of them that arrives (or arrived since
+    /// `install`, or since the last call).
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_none_turns_the_runner_listener_off_and_only_alone_with_functions() {
+        let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(listen_addrs(&strings(&["none"]), true).unwrap(), []);
+        assert_eq!(
+            listen_addrs(&strings(&["unix:/run/a.sock", "127.0.0.1:9443"]), false).unwrap(),
+            [
+                ListenAddr::Unix("/run/a.sock".into()),
+                ListenAddr::Tcp("127.0.0.1:9443".parse().unwrap())
+            ]
+        );
+        let err = listen_addrs(&strings(&["none", "127.0.0.1:1"]), true).unwrap_err();
+        assert!(err.to_string().contains("give it alone"), "{err}");
+        let err = listen_addrs(&strings(&["none"]), false).unwrap_err();
+        assert!(err.to_string().contains("--functions"), "{err}");
+    }
+}

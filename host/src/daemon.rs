@@ -1,0 +1,355 @@
+//! `fnrun serve --functions FILE`: the function host beside the v1alpha1
+//! runner, on its own listener, sharing the runner's cache and sandbox.
+//!
+//! SIGHUP reloads the functions file (and the certificates: minted again,
+//! or read again from `--functions-certs-dir`), and so does a change of the
+//! file's contents, checked every `--functions-check-interval` (a mounted
+//! ConfigMap is updated in place, and a container built `FROM scratch` has
+//! no `kill` to send SIGHUP with). A file or certificate that cannot be used
+//! is logged and the current catalogue stays: a reload never drops a call in
+//! flight nor leaves the host without a catalogue.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tokio::task::JoinHandle;
+use tonic_health::server::HealthReporter;
+
+use super::catalogue::{self, Catalogue};
+use super::certs::{CertSource, Minter};
+use super::listener;
+use super::tls::{self, SniResolver};
+use super::{Changes, FunctionMetrics, Host, Routing};
+use fnrun_core::error::{LINE_MAX, bounded};
+use fnrun_core::runner::Runner;
+use fnrun_transport::listen::{ListenAddr, Listener};
+use fnrun_transport::tls_accept::{HandshakeMetrics, ListenerKind, TlsAccept};
+
+/// How often minted certificates are minted again.
+const REMINT_EVERY: Duration = Duration::from_secs(24 * 3600);
+
+/// The running function host.
+pub struct FunctionsDaemon {
+    host: Arc<Host>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    reloader: JoinHandle<()>,
+    health: HealthReporter,
+    socket_file: Option<PathBuf>,
+}
+
+/// What `fnrun serve` is asked to host (from its `--functions*` flags), as
+/// plain values.
+#[derive(Debug, Clone, Default)]
+pub struct FunctionsConfig {
+    /// The functions file (`--functions`); SIGHUP reloads it.
+    pub functions_file: Option<PathBuf>,
+    /// `NAME=IMAGE` functions with every default (`--function`).
+    pub function: Vec<String>,
+    /// Where functions are served: `HOST:PORT`, `unix:PATH` or
+    /// `unix-abstract:NAME`.
+    pub functions_listen: String,
+    /// The namespace of the functions' Services.
+    pub functions_namespace: String,
+    /// The CA bundle client certificates must be signed by (mTLS).
+    pub functions_client_ca: Option<PathBuf>,
+    /// The CA to mint each function's server certificate from.
+    pub functions_ca_cert: Option<PathBuf>,
+    pub functions_ca_key: Option<PathBuf>,
+    /// `DIR/NAME/tls.crt` and `tls.key` per function.
+    pub functions_certs_dir: Option<PathBuf>,
+    /// How often the functions file is checked for changes; zero: only on
+    /// SIGHUP.
+    pub functions_check_interval: Duration,
+    /// Plain h2c, without TLS.
+    pub functions_insecure: bool,
+}
+
+impl FunctionsConfig {
+    /// Whether any function is configured: the host runs only then.
+    pub fn enabled(&self) -> bool {
+        self.functions_file.is_some() || !self.function.is_empty()
+    }
+}
+
+/// TLS of the functions listener, as the flags ask.
+struct TlsSetup {
+    source: CertSource,
+    client_ca: PathBuf,
+}
+
+/// Checks the flags' combination before anything starts.
+fn tls_setup(args: &FunctionsConfig, addr: &ListenAddr) -> anyhow::Result<Option<TlsSetup>> {
+    if args.functions_insecure || !matches!(addr, ListenAddr::Tcp(_)) {
+        return Ok(None);
+    }
+    let source = match (
+        &args.functions_ca_cert,
+        &args.functions_ca_key,
+        &args.functions_certs_dir,
+    ) {
+        (Some(cert), Some(key), None) => {
+            // Checked now, so that a CA that cannot be used stops the start.
+            Minter::load(cert, key).context("--functions-ca-cert/--functions-ca-key")?;
+            CertSource::Mint {
+                cert: cert.clone(),
+                key: key.clone(),
+            }
+        }
+        (None, None, Some(dir)) => CertSource::Dir(dir.clone()),
+        _ => bail!(
+            "the functions listener {addr} serves TLS: give --functions-ca-cert and --functions-ca-key \
+             (certificates minted per function) or --functions-certs-dir DIR (DIR/NAME/tls.crt and tls.key), \
+             and --functions-client-ca; or --functions-insecure for plain h2c"
+        ),
+    };
+    let Some(client_ca) = args.functions_client_ca.clone() else {
+        bail!(
+            "the functions listener {addr} requires client certificates (mTLS): give --functions-client-ca FILE \
+             (Crossplane's client certificates are signed by its crossplane-root-ca); \
+             or --functions-insecure for plain h2c"
+        );
+    };
+    Ok(Some(TlsSetup { source, client_ca }))
+}
+
+/// Starts the function host if any function is configured.
+pub async fn start(
+    args: &FunctionsConfig,
+    runner: Arc<Runner>,
+    function_metrics: Arc<FunctionMetrics>,
+    tls_metrics: Arc<HandshakeMetrics>,
+    socket_mode: u32,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Option<FunctionsDaemon>> {
+    if !args.enabled() {
+        return Ok(None);
+    }
+    catalogue::check_dns_label(&args.functions_namespace)
+        .map_err(|e| anyhow::anyhow!("--functions-namespace {e}"))?;
+    let namespace = args.functions_namespace.clone();
+    let addr: ListenAddr = args
+        .functions_listen
+        .parse()
+        .context("--functions-listen")?;
+    let tls = tls_setup(args, &addr)?;
+    let (catalogue, seen) =
+        Catalogue::load_contents(args.functions_file.as_deref(), &args.function)?;
+    let names: Vec<String> = catalogue.names().map(str::to_owned).collect();
+
+    let (resolver, server_config) = match &tls {
+        Some(setup) => {
+            let certs = setup.source.cert_set(&names, &namespace)?;
+            let resolver = Arc::new(SniResolver::new(certs));
+            let config = tls::server_config(resolver.clone(), &setup.client_ca)?;
+            let names = resolver.clone();
+            let accept = TlsAccept::new(
+                ListenerKind::Functions,
+                config,
+                Some(Arc::new(move |name| names.refusal(name))),
+                tls_metrics,
+            );
+            (Some(resolver), Some(accept))
+        }
+        None => (None, None),
+    };
+
+    let host = Arc::new(Host::new(
+        runner,
+        Routing::ByName {
+            namespace: namespace.clone(),
+        },
+        function_metrics,
+    ));
+    host.apply(&catalogue);
+    let (router, health) = listener::services(host.clone())?;
+    listener::serving(&health, &names).await;
+    let listener = addr.bind(socket_mode)?;
+    let socket_file = match &listener {
+        Listener::Unix(_, path) => path.clone(),
+        Listener::Tcp(_) => None,
+    };
+    let server = listener::serve(router, listener, server_config, shutdown);
+    tracing::info!(
+        address = %addr,
+        transport = if tls.is_some() { "TLS, client certificates required" } else { "h2c" },
+        namespace,
+        functions = names.len(),
+        "serving Crossplane functions"
+    );
+
+    let reloader = Reloader {
+        seen,
+        check_every: args.functions_check_interval,
+        file: args.functions_file.clone(),
+        flags: args.function.clone(),
+        namespace,
+        host: host.clone(),
+        tls: tls.map(|setup| (setup.source, resolver.expect("with TLS"))),
+        health: health.clone(),
+        names,
+    };
+    let reloader = tokio::spawn(reloader.run()?);
+    Ok(Some(FunctionsDaemon {
+        host,
+        server,
+        reloader,
+        health,
+        socket_file,
+    }))
+}
+
+impl FunctionsDaemon {
+    /// The host, for its metrics.
+    pub fn host(&self) -> &Arc<Host> {
+        &self.host
+    }
+
+    /// Makes health say NOT_SERVING for the listener, both
+    /// `FunctionRunnerService`s and every function, and stops reloading
+    /// (a reload would say SERVING again); calls are still served.
+    pub async fn not_serving(&self) {
+        use tonic_health::ServingStatus::NotServing;
+        self.reloader.abort();
+        let services = [
+            "",
+            fnrun_api::v1::SERVICE_NAME,
+            fnrun_api::v1beta1::SERVICE_NAME,
+        ];
+        for service in services
+            .into_iter()
+            .map(str::to_owned)
+            .chain(self.host.names())
+        {
+            self.health.set_service_status(&service, NotServing).await;
+        }
+    }
+
+    /// Lets calls in flight finish (within `grace`), stops every function
+    /// server, and waits for the listener to close.
+    pub async fn stop(self, grace: Duration) {
+        self.reloader.abort();
+        self.host.shutdown(grace).await;
+        match tokio::time::timeout(grace, self.server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!("functions listener ended with an error: {e}"),
+            Ok(Err(e)) => tracing::warn!("functions listener task failed: {e}"),
+            Err(_) => tracing::warn!("functions listener still had calls after the grace period"),
+        }
+        if let Some(path) = self.socket_file {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Applies the functions file again on SIGHUP, and mints certificates again
+/// once a day.
+struct Reloader {
+    /// The file's contents at the last reload (or start).
+    seen: Option<Vec<u8>>,
+    check_every: Duration,
+    file: Option<PathBuf>,
+    flags: Vec<String>,
+    namespace: String,
+    host: Arc<Host>,
+    tls: Option<(CertSource, Arc<SniResolver>)>,
+    health: HealthReporter,
+    names: Vec<String>,
+}
+
+impl Reloader {
+    /// The reload loop; the SIGHUP handler is installed before it returns.
+    fn run(mut self) -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
+        Ok(async move {
+            let mut remint =
+                tokio::time::interval_at(tokio::time::Instant::now() + REMINT_EVERY, REMINT_EVERY);
+            let checking = !self.check_every.is_zero() && self.file.is_some();
+            let every = if checking {
+                self.check_every
+            } else {
+                REMINT_EVERY
+            };
+            let mut check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = hup.recv() => {
+                        tracing::info!("SIGHUP: reloading the functions");
+                        self.reload().await;
+                    }
+                    _ = check.tick(), if checking => {
+                        if self.file_changed().await {
+                            tracing::info!("the functions file changed: reloading the functions");
+                            self.reload().await;
+                        }
+                    }
+                    _ = remint.tick() => {
+                        if matches!(self.tls, Some((CertSource::Mint { .. }, _))) {
+                            self.reload().await;
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    async fn reload(&mut self) {
+        match self.try_reload().await {
+            Ok(changes) => tracing::info!(
+                added = ?changes.added,
+                replaced = ?changes.replaced,
+                removed = ?changes.removed,
+                kept = changes.kept.len(),
+                "functions reloaded"
+            ),
+            Err(e) => tracing::error!(
+                error = %bounded(&format!("{e:#}"), LINE_MAX),
+                "functions not reloaded: the current ones stay"
+            ),
+        }
+    }
+
+    /// Whether the file's contents differ from those last loaded.
+    async fn file_changed(&self) -> bool {
+        let Some(path) = self.file.clone() else {
+            return false;
+        };
+        let now = tokio::task::spawn_blocking(move || catalogue::read_file(&path).ok())
+            .await
+            .ok()
+            .flatten();
+        now != self.seen
+    }
+
+    async fn try_reload(&mut self) -> anyhow::Result<Changes> {
+        let (file, flags) = (self.file.clone(), self.flags.clone());
+        let (catalogue, contents) = tokio::task::spawn_blocking(move || {
+            // What is compared from now on is what was read, usable or not:
+            // a file that cannot be used is not tried again until it changes.
+            let contents = file.as_deref().map(catalogue::read_file).transpose();
+            let seen = contents.as_ref().ok().cloned().flatten();
+            let catalogue = contents.and_then(|contents| {
+                Catalogue::from_contents(file.as_deref().zip(contents.as_deref()), &flags)
+            });
+            (catalogue, seen)
+        })
+        .await
+        .context("load the functions file")?;
+        self.seen = contents;
+        let catalogue = catalogue?;
+        let names: Vec<String> = catalogue.names().map(str::to_owned).collect();
+        if let Some((source, resolver)) = &self.tls {
+            resolver.replace(source.cert_set(&names, &self.namespace)?);
+        }
+        let changes = self.host.apply(&catalogue);
+        listener::serving(&self.health, &names).await;
+        for gone in self.names.iter().filter(|n| !names.contains(n)) {
+            self.health.clear_service_status(gone).await;
+        }
+        self.names = names;
+        Ok(changes)
+    }
+}

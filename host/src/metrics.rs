@@ -1,0 +1,164 @@
+//! Metrics of the function host, rendered with the daemon's others
+//! ([`fnrun_core::metrics::Metrics`]): calls by function and gRPC code, instances
+//! running, cold starts, crashes, and start and call durations.
+//!
+//! The call counter is the one labelled by function: a small map behind a
+//! mutex, bounded by the catalogue (at most [`super::catalogue::MAX_FUNCTIONS`]
+//! functions and 17 codes); a function's series go when it leaves the
+//! catalogue. Calls that name no function of the catalogue count under
+//! `function=""`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+use tonic::Code;
+
+use fnrun_core::metrics::Histogram;
+
+#[derive(Debug, Default)]
+pub struct FunctionMetrics {
+    calls: Mutex<BTreeMap<(String, i32), u64>>,
+    /// Instances that became ready.
+    pub cold_starts: AtomicU64,
+    /// Instances that ended without being stopped, or failed to start.
+    pub crashes: AtomicU64,
+    /// Instances running now.
+    pub instances: AtomicI64,
+    /// From the start of an instance (image cached) to its first gRPC answer.
+    pub start_duration: Histogram,
+    /// From a call's arrival to its answer.
+    pub call_duration: Histogram,
+}
+
+impl FunctionMetrics {
+    /// Counts a call to `function` that ended with `code`.
+    pub fn call(&self, function: &str, code: Code, elapsed: std::time::Duration) {
+        let mut calls = self
+            .calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *calls.entry((function.to_owned(), code as i32)).or_default() += 1;
+        drop(calls);
+        self.call_duration.observe(elapsed);
+    }
+
+    /// Forgets the series of functions not in `names` (and keeps `""`).
+    pub fn retain(&self, names: &[&str]) {
+        self.calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(f, _), _| f.is_empty() || names.contains(&f.as_str()));
+    }
+
+    pub fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP fnrun_function_calls_total Calls to Crossplane functions by function and gRPC code.\n# TYPE fnrun_function_calls_total counter"
+        );
+        let calls = self
+            .calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for ((function, code), n) in calls {
+            let _ = writeln!(
+                out,
+                "fnrun_function_calls_total{{function=\"{function}\",code=\"{}\"}} {n}",
+                code_name(Code::from_i32(code))
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP fnrun_function_instances Crossplane function servers running.\n# TYPE fnrun_function_instances gauge\nfnrun_function_instances {}",
+            self.instances.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fnrun_function_cold_starts_total Crossplane function servers started and ready.\n# TYPE fnrun_function_cold_starts_total counter\nfnrun_function_cold_starts_total {}",
+            self.cold_starts.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fnrun_function_crashes_total Crossplane function servers that ended unasked or failed to start.\n# TYPE fnrun_function_crashes_total counter\nfnrun_function_crashes_total {}",
+            self.crashes.load(Relaxed)
+        );
+        self.start_duration.render(
+            out,
+            "fnrun_function_start_duration_seconds",
+            "Time from starting a function server (image cached) to its first gRPC answer.",
+        );
+        self.call_duration.render(
+            out,
+            "fnrun_function_call_duration_seconds",
+            "Time from a call's arrival at the function host to its answer.",
+        );
+    }
+}
+
+/// The gRPC name of a code, as in `grpc-go`'s `codes.Code.String()` upper-cased.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn every_metric_moves_with_its_event() {
+        let m = FunctionMetrics::default();
+        let before = {
+            let mut s = String::new();
+            m.render(&mut s);
+            s
+        };
+        m.call("fn-a", Code::Ok, Duration::from_millis(1));
+        m.call("fn-a", Code::Ok, Duration::from_millis(1));
+        m.call("", Code::NotFound, Duration::from_millis(1));
+        m.cold_starts.fetch_add(1, Relaxed);
+        m.crashes.fetch_add(1, Relaxed);
+        m.instances.fetch_add(1, Relaxed);
+        m.start_duration.observe(Duration::from_millis(20));
+        let mut out = String::new();
+        m.render(&mut out);
+        assert_ne!(before, out);
+        for line in [
+            "fnrun_function_calls_total{function=\"fn-a\",code=\"OK\"} 2",
+            "fnrun_function_calls_total{function=\"\",code=\"NOT_FOUND\"} 1",
+            "fnrun_function_instances 1",
+            "fnrun_function_cold_starts_total 1",
+            "fnrun_function_crashes_total 1",
+            "fnrun_function_start_duration_seconds_count 1",
+            "fnrun_function_call_duration_seconds_count 3",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing in\n{out}");
+        }
+        m.retain(&["fn-b"]);
+        let mut out = String::new();
+        m.render(&mut out);
+        assert!(!out.contains("function=\"fn-a\""), "{out}");
+        assert!(out.contains("function=\"\""), "{out}");
+    }
+}

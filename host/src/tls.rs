@@ -1,0 +1,153 @@
+//! TLS of the functions listener: a certificate per function chosen by the
+//! client's server name (SNI), client certificates required and verified
+//! against `--functions-client-ca` (mTLS), ALPN `h2` only.
+//!
+//! A server name that is no function's refuses the handshake with the alert
+//! `unrecognized_name` ([`SniResolver::refusal`], sent by
+//! [`fnrun_transport::tls_accept`], which logs and counts it): fnrun has no
+//! certificate the client would accept for it, so a NOT_FOUND served over
+//! TLS could not be read anyway.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::ServerConfig;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+
+use super::certs::CertSet;
+use fnrun_transport::tls_accept::{Reason, Refusal};
+
+/// Why TLS cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read the client CA {}: {err}", .path.display())]
+    Read { path: PathBuf, err: std::io::Error },
+    #[error("the client CA {} has no PEM certificate", .path.display())]
+    NoCertificate { path: PathBuf },
+    #[error("the client CA {}: {err}", .path.display())]
+    Verifier { path: PathBuf, err: String },
+}
+
+/// Chooses each connection's certificate by its server name; swapped whole
+/// at a reload.
+#[derive(Debug)]
+pub struct SniResolver {
+    certs: RwLock<Arc<CertSet>>,
+}
+
+impl SniResolver {
+    pub fn new(certs: CertSet) -> SniResolver {
+        SniResolver {
+            certs: RwLock::new(Arc::new(certs)),
+        }
+    }
+
+    /// Makes `certs` the ones new handshakes get.
+    pub fn replace(&self, certs: CertSet) {
+        *self
+            .certs
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(certs);
+    }
+
+    fn current(&self) -> Arc<CertSet> {
+        self.certs
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl SniResolver {
+    /// Whether a client's server name (`None`: it sent none) is served: the
+    /// functions listener refuses the others before the handshake goes on
+    /// ([`fnrun_transport::tls_accept`]), with the alert `unrecognized_name`.
+    pub fn refusal(&self, name: Option<&str>) -> Option<Refusal> {
+        let certs = self.current();
+        match name {
+            Some(name) => {
+                let name = normalize(name);
+                certs.get(&name).is_none().then(|| {
+                    Refusal::new(
+                        Reason::UnknownServerName,
+                        format!(
+                            "no function answers to the server name {}",
+                            fnrun_api::Quoted::new(&name)
+                        ),
+                    )
+                })
+            }
+            None => certs.without_sni().is_none().then(|| {
+                Refusal::new(
+                    Reason::NoServerName,
+                    "the client sent no server name and there is no certificate for that",
+                )
+            }),
+        }
+    }
+}
+
+/// A server name as looked up: lower case, without a trailing dot.
+fn normalize(name: &str) -> String {
+    let name = name.to_ascii_lowercase();
+    match name.strip_suffix('.') {
+        Some(stripped) => stripped.to_owned(),
+        None => name,
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        // Names were checked before ([`SniResolver::refusal`]); one that a
+        // reload removed since gets no certificate (rustls: access_denied).
+        let certs = self.current();
+        match hello.server_name() {
+            Some(name) => certs.get(&normalize(name)).cloned(),
+            None => certs.without_sni().cloned(),
+        }
+    }
+}
+
+/// The server config: certificates from `resolver`, client certificates
+/// verified against the PEM bundle `client_ca`, ALPN `h2`.
+pub fn server_config(
+    resolver: Arc<SniResolver>,
+    client_ca: &Path,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let pem = std::fs::read(client_ca).map_err(|err| TlsError::Read {
+        path: client_ca.to_owned(),
+        err,
+    })?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok) {
+        roots.add(cert).map_err(|e| TlsError::Verifier {
+            path: client_ca.to_owned(),
+            err: e.to_string(),
+        })?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: client_ca.to_owned(),
+        });
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| TlsError::Verifier {
+            path: client_ca.to_owned(),
+            err: e.to_string(),
+        })?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Verifier {
+            path: client_ca.to_owned(),
+            err: e.to_string(),
+        })?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
