@@ -358,6 +358,10 @@ fn read_request(path: &str) -> Result<Vec<u8>, RequestError> {
 
 fn request_bytes(label: &str, text: &[u8]) -> Result<Vec<u8>, RequestError> {
     use prost::Message;
+    fnrun_api::yaml_bounds::check(text).map_err(|e| RequestError::Syntax {
+        path: label.to_owned(),
+        message: e.to_string(),
+    })?;
     let value: serde_json::Value =
         serde_norway::from_slice(text).map_err(|e| RequestError::Syntax {
             path: label.to_owned(),
@@ -550,6 +554,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("req.yaml is not YAML or JSON"), "{e}");
+        let bomb = format!(
+            "meta: {{tag: &t \"{}\"}}\ncontext: {{k: [{}]}}\n",
+            "t".repeat(64 << 10),
+            vec!["*t"; 64].join(",")
+        );
+        let e = request_bytes("bomb.yaml", bomb.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("YAML aliases expand the document"), "{e}");
         let long = format!("{}: 1\n", "k".repeat(1 << 20));
         let e = request_bytes("big", long.as_bytes())
             .unwrap_err()

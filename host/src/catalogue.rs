@@ -299,6 +299,12 @@ pub fn read_file(path: &Path) -> Result<Vec<u8>, CatalogueError> {
 
 /// The functions of a functions file's contents (`path` names it in errors).
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<Vec<FunctionDef>, CatalogueError> {
+    // Nesting, aliases and documents bounded before the parser builds
+    // anything, as for every other YAML fnrun reads.
+    fnrun_api::yaml_bounds::check(bytes).map_err(|e| CatalogueError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
     let doc: FileDoc = serde_norway::from_slice(bytes).map_err(|e| CatalogueError::Parse {
         path: path.to_owned(),
         message: text::bounded(&e.to_string(), PARSER_MESSAGE_MAX).into_owned(),

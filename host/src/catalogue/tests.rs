@@ -242,6 +242,22 @@ fn errors_are_bounded_and_files_are_bounded() {
 }
 
 #[test]
+fn nesting_and_alias_bombs_are_refused_before_parsing() {
+    let bomb = format!(
+        "x: &a \"{}\"\ny: [{}]\nfunctions: []\n",
+        "a".repeat(64 << 10),
+        vec!["*a"; 64].join(",")
+    );
+    let e = error(&bomb);
+    assert!(e.contains("YAML aliases expand the document"), "{e}");
+    let deep = format!("functions: {}{}\n", "[".repeat(200), "]".repeat(200));
+    let e = error(&deep);
+    assert!(e.contains("nested more than 128 deep"), "{e}");
+    let e = error("functions: []\n---\nfunctions: []\n");
+    assert!(e.contains("more than one document"), "{e}");
+}
+
+#[test]
 fn at_most_so_many_functions() {
     let mut doc = String::from("functions:\n");
     for i in 0..=MAX_FUNCTIONS {
