@@ -20,6 +20,10 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("v1_mapping", v1_mapping),
     ("quantity", quantity),
     ("reference", reference),
+    ("functions_file", functions_file),
+    ("semver", semver),
+    ("duration", duration),
+    ("authority", authority),
 ];
 
 /// The YAML bounds check agrees with the parser: what it refuses for
@@ -117,5 +121,82 @@ pub fn reference(data: &[u8]) {
         let again = fnrun_cache::ImageRef::parse(&printed, fnrun_cache::DOCKER_HUB)
             .unwrap_or_else(|e| panic!("{s:?} prints as {printed:?}, which is refused: {e}"));
         assert_eq!(again, parsed, "{s:?} prints as {printed:?}");
+    }
+}
+
+/// Functions files: whatever the bytes, a clear error or functions whose
+/// names are DNS labels, each once.
+pub fn functions_file(data: &[u8]) {
+    use fnrun_host::catalogue::{self, Catalogue};
+    let path = std::path::Path::new("/etc/fnrun/functions.yaml");
+    if let Ok(defs) = catalogue::parse(path, data) {
+        for def in &defs {
+            assert!(
+                catalogue::check_dns_label(&def.name).is_ok(),
+                "{:?} passed as a name",
+                def.name
+            );
+        }
+    }
+    if let Ok(catalogue) = Catalogue::from_contents(Some((path, data)), &[]) {
+        let names: Vec<&str> = catalogue.names().collect();
+        let mut unique = names.clone();
+        unique.dedup();
+        assert_eq!(names, unique, "a name twice");
+    }
+}
+
+/// Porch's semantic version tags: a version reads back as itself and is
+/// equal to itself; a constraint decides every version without panicking.
+pub fn semver(data: &[u8]) {
+    use fnrun_evaluator::semver::{Constraint, Version};
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
+    let (left, right) = s.split_once('\n').unwrap_or((s, s));
+    let version = Version::parse(left);
+    if let Ok(v) = &version {
+        let again = Version::parse(&v.to_string()).expect("a version reads back");
+        assert_eq!(&again, v);
+        assert_eq!(v.cmp_precedence(v), std::cmp::Ordering::Equal);
+    }
+    if let (Ok(constraint), Ok(v)) = (Constraint::parse(right), &version) {
+        let _ = constraint.matches(v);
+    }
+}
+
+/// Durations: what parses is at most a year, and what fnrun shows of it
+/// parses back to within a millisecond (it shows milliseconds).
+pub fn duration(data: &[u8]) {
+    use fnrun_api::duration::{MAX_DURATION, format, parse};
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(d) = parse(s) {
+        assert!(d <= MAX_DURATION, "{s:?} is {d:?}");
+        let shown = format(d);
+        let back = parse(&shown).unwrap_or_else(|e| panic!("{s:?} shows as {shown:?}: {e}"));
+        assert!(
+            back.abs_diff(d) < std::time::Duration::from_millis(1),
+            "{s:?} is {d:?}, shown {shown:?}, read back {back:?}"
+        );
+    }
+}
+
+/// The unix sockets' `:authority` rewriter: the first byte chooses the
+/// sizes the connection's bytes arrive in; what the server reads does not
+/// depend on them, and the rewriter never holds more than a block (which
+/// `rewrite_chunked` asserts).
+pub fn authority(data: &[u8]) {
+    use fnrun_transport::authority::rewrite_chunked;
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
+    let chunks = [usize::from(first % 17) + 1, 1, usize::from(first) * 7 + 1];
+    let (whole, at_once) = rewrite_chunked(rest, &[]);
+    let (pieces, chunked) = rewrite_chunked(rest, &chunks);
+    assert_eq!(at_once.refusal(), chunked.refusal(), "refused differently");
+    if at_once.refusal().is_none() {
+        assert_eq!(whole, pieces, "read differently in pieces of {chunks:?}");
     }
 }

@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::BytesMut;
-pub use rewrite::Rewriter;
+pub use rewrite::{Rewriter, rewrite_chunked};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 

@@ -358,10 +358,8 @@ fn put_block(block: &Block, encoded: &[u8], out: &mut BytesMut) {
 /// rewriter, fed in pieces of the sizes in `chunks`, cycled (all at once if
 /// none); returns what the server reads and the rewriter, to ask why it
 /// refused. Panics if the rewriter ever holds more than a block and the frame
-/// headers around it. The entry point of the property tests and of fuzz
-/// targets: this module needs only `bytes`, `http` and `thiserror`, so a fuzz
-/// crate can take it in with `#[path]`.
-#[cfg_attr(not(test), allow(dead_code))]
+/// headers around it. The entry point of the property tests and of the fuzz
+/// target `authority`.
 pub fn rewrite_chunked(input: &[u8], chunks: &[usize]) -> (Vec<u8>, Rewriter) {
     let mut rewriter = Rewriter::new();
     let mut pending = BytesMut::new();
