@@ -70,8 +70,12 @@ pub fn resourcelist(data: &[u8]) {
     let _ = resourcelist::validate_output(data);
 }
 
-/// Any v1 request maps to a FunctionIO that the validator accepts, and that
-/// FunctionIO, returned as the function's output, maps to a response.
+/// Any v1 request maps to a FunctionIO that the validator accepts; that
+/// FunctionIO, returned as the function's output (a function that changes
+/// nothing), maps to a response; and the response's desired state maps to
+/// the same FunctionIO desired state again: the mapping round-trips the
+/// desired state (connection details are strings in FunctionIO, so both
+/// sides carry them as such).
 pub fn v1_mapping(data: &[u8]) {
     let Ok(request) = RunFunctionRequest::decode(data) else {
         return;
@@ -79,13 +83,20 @@ pub fn v1_mapping(data: &[u8]) {
     let Ok(yaml) = functionio_v1::functionio_yaml_from_request(&request) else {
         return;
     };
-    functionio::validate(&yaml).unwrap_or_else(|e| {
+    let io = functionio::validate(&yaml).unwrap_or_else(|e| {
         panic!(
             "the mapping's FunctionIO is refused: {e}\n{}",
             String::from_utf8_lossy(&yaml)
         )
     });
-    let _ = functionio_v1::response_from_functionio_yaml(&request, &yaml);
+    let response = functionio_v1::response_from_functionio(&request, io.clone())
+        .unwrap_or_else(|e| panic!("an unchanged FunctionIO maps to no response: {e}"));
+    let again = RunFunctionRequest {
+        desired: response.desired,
+        ..request
+    };
+    let back = functionio_v1::functionio_from_request(&again);
+    assert_eq!(back.desired, io.desired, "the desired state changed");
 }
 
 /// Quantities: a parsed memory size or CPU amount prints back to one that
