@@ -177,8 +177,8 @@ impl Finished {
     }
 }
 
-/// `fnrun function serve --listen 127.0.0.1:PORT IMAGE`, as `crossplane
-/// render`'s Development runtime expects a function: killed on drop.
+/// `fnrun function serve [--listen ADDR] IMAGE`, as `crossplane render`'s
+/// Development runtime expects a function: killed on drop.
 pub struct FunctionServe {
     child: std::process::Child,
     listen: String,
@@ -190,13 +190,30 @@ impl Cli {
     /// with this CLI's cache, and waits until it serves (its server started:
     /// the image is checked before the first call).
     pub fn function_serve(&self, image: &str) -> Result<FunctionServe> {
-        let port = crate::registry::free_port()?;
-        let listen = format!("127.0.0.1:{port}");
-        let log = self.scratch().join(format!("serve-{port}.log"));
+        let listen = format!("127.0.0.1:{}", crate::registry::free_port()?);
+        self.function_serve_with(&["--listen", &listen], image)
+    }
+
+    /// `fnrun function serve ARGS... IMAGE` as a user types it, with this
+    /// CLI's cache: without `--listen` in `args`, on its default address
+    /// (`127.0.0.1:9443`, where `crossplane render`'s Development runtime
+    /// looks by default).
+    pub fn function_serve_with(&self, args: &[&str], image: &str) -> Result<FunctionServe> {
+        let listen = args
+            .iter()
+            .position(|a| *a == "--listen")
+            .and_then(|i| args.get(i + 1))
+            .unwrap_or(&"127.0.0.1:9443")
+            .to_string();
+        let log = self
+            .scratch()
+            .join(format!("serve-{}.log", listen.replace([':', '/'], "-")));
         let file = std::fs::File::create(&log)?;
         let mut serve = Command::new(fnrun_bin());
         serve
-            .args(["function", "serve", "--listen", &listen, image])
+            .args(["function", "serve"])
+            .args(args)
+            .arg(image)
             .env("FNRUN_CACHE_DIR", self.cache_dir())
             .env("NO_COLOR", "1")
             .stdin(std::process::Stdio::null())
@@ -217,7 +234,7 @@ impl Cli {
 }
 
 impl FunctionServe {
-    /// `127.0.0.1:PORT`.
+    /// Its `--listen` address (`127.0.0.1:PORT`).
     pub fn addr(&self) -> &str {
         &self.listen
     }

@@ -9,6 +9,8 @@
 //!   from their module sources and packaged as Crossplane packages, with the
 //!   `package.yaml` layer Crossplane's package manager reads
 //!   ([`package_image`], the one packaging harness).
+//! - [`render`]: the real `crossplane render` (the CLI and the core's render
+//!   engine), built from their modules.
 //! - [`python_sdk_image`]: a function written with the real
 //!   `crossplane-function-sdk-python`, packaged with its interpreter, stdlib,
 //!   packages and shared libraries in an image without busybox, cached.
@@ -76,6 +78,7 @@ mod client;
 mod go_function;
 mod package;
 mod python_sdk;
+pub mod render;
 
 use std::path::PathBuf;
 
