@@ -1,6 +1,6 @@
 //! fnrun's RunFunction and server reflection through gRPC libraries other than
-//! tonic: Python's grpcio (grpc-core) and grpc-go, as Crossplane, tools and
-//! users run them, each dialing the way its library does.
+//! tonic: Python's grpcio (grpc-core), grpc-go and grpc-java, as Crossplane,
+//! tools and users run them, each dialing the way its library does.
 
 use std::path::PathBuf;
 
@@ -156,6 +156,12 @@ pub fn python_reflection(target: &str, symbol: &str) -> Result<Reflected> {
         &python.stubs(&[Protos::fnrun_v1alpha1()])?,
         None,
     )?;
+    reflected(&result)
+}
+
+/// A [`Reflected`] from a client's JSON: `{services, file: {name, package,
+/// services: {NAME: [METHOD]}}}`.
+fn reflected(result: &serde_json::Value) -> Result<Reflected> {
     let strings = |v: &serde_json::Value| -> Vec<String> {
         v.as_array()
             .map(|a| {
@@ -222,5 +228,97 @@ pub fn go_run_function(dial: &GoDial, image: &str, input: &[u8]) -> Result<Outco
         code: field(&result, "code")?,
         message: field(&result, "message")?,
         output: field(&result, "output")?,
+    })
+}
+
+/// The grpc-java client (`tests/java`, [`crate::java`]) run with `args` and
+/// `stdin`; its JSON object.
+fn java_json(args: &[&str], stdin: Option<&[u8]>) -> Result<serde_json::Value> {
+    let mut cmd = crate::java::grpc_java_command(args)?;
+    let out = crate::process::run_capture(&mut cmd, stdin, crate::python::GUARD);
+    if out.code != Some(0) {
+        bail!("grpc-java {args:?} failed: {}", out.describe());
+    }
+    serde_json::from_str(&out.stdout)
+        .with_context(|| format!("grpc-java printed no JSON object: {}", out.describe()))
+}
+
+/// RunFunction with grpc-java on its own channel for `target` (`unix:PATH`
+/// and `HOST:PORT` as grpc-java dials them; `unix-abstract:NAME` on Netty's
+/// epoll transport, grpc-java having no such scheme).
+pub fn java_run_function(target: &str, image: &str, input: &[u8]) -> Result<Outcome> {
+    let result = java_json(
+        &["run-function", "--target", target, "--image", image],
+        Some(input),
+    )?;
+    Ok(Outcome {
+        code: field(&result, "code")?,
+        message: field(&result, "message")?,
+        output: field(&result, "output")?,
+    })
+}
+
+/// Porch's EvaluateFunction with grpc-java, dialing `target` as
+/// [`java_run_function`] does.
+pub fn java_evaluate(target: &str, image: &str, resource_list: &[u8]) -> Result<Evaluated> {
+    let result = java_json(
+        &["evaluate", "--target", target, "--image", image],
+        Some(resource_list),
+    )?;
+    Ok(Evaluated {
+        code: field(&result, "code")?,
+        message: field(&result, "message")?,
+        resource_list: field(&result, "resource_list")?,
+        log: field(&result, "log")?,
+    })
+}
+
+/// Server reflection v1 with grpc-java's reflection stubs (grpc-services):
+/// the services, and the file that defines `symbol`.
+pub fn java_reflection(target: &str, symbol: &str) -> Result<Reflected> {
+    let result = java_json(
+        &["reflection", "--target", target, "--symbol", symbol],
+        None,
+    )?;
+    reflected(&result)
+}
+
+/// A v1 `RunFunction` with grpc-java to the functions listener at `target`
+/// (`HOST:PORT`) with `:authority` `authority`: over h2c, or over mTLS with
+/// `tls` and the TLS server name `server_name` (grpc-java takes it from the
+/// `:authority`, so it must be that host). `request` is protojson.
+pub fn java_crossplane_call(
+    target: &str,
+    authority: &str,
+    tls: Option<(&crate::certs::TlsFiles, &str)>,
+    request: &serde_json::Value,
+) -> Result<Called> {
+    let mut args: Vec<String> = [
+        "crossplane-call",
+        "--target",
+        target,
+        "--authority",
+        authority,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    if let Some((files, server_name)) = tls {
+        for (flag, path) in [
+            ("--ca", &files.ca),
+            ("--cert", &files.cert),
+            ("--key", &files.key),
+        ] {
+            args.push(flag.to_owned());
+            args.push(path.display().to_string());
+        }
+        args.push("--server-name".to_owned());
+        args.push(server_name.to_owned());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = java_json(&args, Some(request.to_string().as_bytes()))?;
+    Ok(Called {
+        code: field(&result, "code")?,
+        message: field(&result, "message")?,
+        response: Some(result["response"].clone()).filter(|r| !r.is_null()),
     })
 }

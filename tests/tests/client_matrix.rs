@@ -1,14 +1,15 @@
-//! Every gRPC API fnrun serves, called by the three client libraries of its
+//! Every gRPC API fnrun serves, called by the four client libraries of its
 //! callers on every kind of listener it has:
 //! - the daemon's `--listen` addresses (a unix path, an abstract socket named
 //!   like Crossplane's default, a TCP port): the v1alpha1 runner, Porch's
 //!   evaluator and server reflection;
 //! - the functions listener, over h2c and over mTLS: Crossplane's v1 API;
 //!
-//! by grpc-go (Crossplane's and Porch's library, built from Debian's
-//! packages), Python's grpcio from PyPI (grpc-core: it sends a unix socket's
-//! path or name as `:authority`) and tonic; with a root daemon and a rootless
-//! one.
+//! by grpc-go (Crossplane's and Porch's library, built from its module),
+//! Python's grpcio from PyPI (grpc-core: it sends a unix socket's path or
+//! name as `:authority`), grpc-java from Maven Central (Netty: it dials a
+//! unix path by its own `unix:` scheme and an abstract socket on Netty's
+//! epoll transport) and tonic; with a root daemon and a rootless one.
 
 use std::net::TcpListener;
 
@@ -45,7 +46,7 @@ enum Listener {
 }
 
 impl Listener {
-    /// The gRPC target grpcio and grpc-go dial.
+    /// The gRPC target grpcio, grpc-go and grpc-java dial.
     fn target(&self) -> String {
         match self {
             Listener::Path(path) => format!("unix:{}", path.display()),
@@ -109,11 +110,11 @@ fn daemon(user: &Option<TestUser>) -> (Daemon, Vec<Listener>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_go_grpcio_and_tonic_call_the_runner_and_the_evaluator_on_every_listener() {
+async fn grpc_go_grpcio_grpc_java_and_tonic_call_the_runner_and_the_evaluator_on_every_listener() {
     let registry = Registry::start().expect("registry starts");
     let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
     for user in root_and_rootless(
-        "grpc_go_grpcio_and_tonic_call_the_runner_and_the_evaluator_on_every_listener",
+        "grpc_go_grpcio_grpc_java_and_tonic_call_the_runner_and_the_evaluator_on_every_listener",
     ) {
         let (_daemon, listeners) = daemon(&user);
         for listener in &listeners {
@@ -178,6 +179,55 @@ async fn grpc_go_grpcio_and_tonic_call_the_runner_and_the_evaluator_on_every_lis
                     .iter()
                     .any(|s| s == "evaluator.FunctionEvaluator"),
                 "grpcio reflection, {what}: {reflected:?}"
+            );
+
+            // grpc-java.
+            let (target, i) = (listener.target(), image.clone());
+            let outcome =
+                blocking(move || grpc_clients::java_run_function(&target, &i, SAMPLE.as_bytes()))
+                    .await
+                    .unwrap_or_else(|e| panic!("grpc-java RunFunction, {what}: {e:#}"));
+            assert!(
+                outcome.is("OK"),
+                "grpc-java RunFunction, {what}: {outcome:?}"
+            );
+            assert_same_yaml(&outcome.output, SAMPLE);
+            let (target, i) = (listener.target(), image.clone());
+            let evaluated = blocking(move || {
+                grpc_clients::java_evaluate(&target, &i, RESOURCE_LIST.as_bytes())
+            })
+            .await
+            .unwrap_or_else(|e| panic!("grpc-java EvaluateFunction, {what}: {e:#}"));
+            assert_eq!(
+                evaluated.code, "OK",
+                "grpc-java EvaluateFunction, {what}: {evaluated:?}"
+            );
+            assert_same_yaml(&evaluated.resource_list, RESOURCE_LIST);
+            let target = listener.target();
+            let reflected = blocking(move || {
+                grpc_clients::java_reflection(
+                    &target,
+                    "apiextensions.fn.proto.v1alpha1.ContainerizedFunctionRunnerService",
+                )
+            })
+            .await
+            .unwrap_or_else(|e| panic!("grpc-java reflection, {what}: {e:#}"));
+            assert!(
+                reflected
+                    .services
+                    .iter()
+                    .any(|s| s == "evaluator.FunctionEvaluator"),
+                "grpc-java reflection, {what}: {reflected:?}"
+            );
+            assert_eq!(
+                reflected.file.1, "apiextensions.fn.proto.v1alpha1",
+                "grpc-java reflection, {what}: {reflected:?}"
+            );
+            assert!(
+                reflected.methods.iter().any(|(service, methods)| service
+                    == "ContainerizedFunctionRunnerService"
+                    && methods.iter().any(|m| m == "RunFunction")),
+                "grpc-java reflection, {what}: {reflected:?}"
             );
 
             // tonic.
@@ -283,8 +333,9 @@ impl From<Struct> for serde_json::Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_go_grpcio_and_tonic_call_a_hosted_function_over_h2c_and_mtls() {
-    if !require_root("grpc_go_grpcio_and_tonic_call_a_hosted_function_over_h2c_and_mtls") {
+async fn grpc_go_grpcio_grpc_java_and_tonic_call_a_hosted_function_over_h2c_and_mtls() {
+    if !require_root("grpc_go_grpcio_grpc_java_and_tonic_call_a_hosted_function_over_h2c_and_mtls")
+    {
         return;
     }
     let image = GoFunction::new(Variant::Label)
@@ -299,9 +350,9 @@ async fn grpc_go_grpcio_and_tonic_call_a_hosted_function_over_h2c_and_mtls() {
         serde_norway::from_str(SAMPLE_REQUEST).expect("the sample request is YAML");
     let authority = format!("fn-a.{NAMESPACE}:9443");
     let server_name = format!("fn-a.{NAMESPACE}");
-    for user in
-        root_and_rootless("grpc_go_grpcio_and_tonic_call_a_hosted_function_over_h2c_and_mtls")
-    {
+    for user in root_and_rootless(
+        "grpc_go_grpcio_grpc_java_and_tonic_call_a_hosted_function_over_h2c_and_mtls",
+    ) {
         for tls in [HostTls::Insecure, HostTls::Mint] {
             let what = format!("{tls:?} ({user:?})");
             let host = FunctionHost::start(
@@ -337,6 +388,28 @@ async fn grpc_go_grpcio_and_tonic_call_a_hosted_function_over_h2c_and_mtls() {
                 touched(response),
                 Some("true"),
                 "grpcio, {what}: {response}"
+            );
+
+            // grpc-java.
+            let files = host.client_cert();
+            let (addr, a, n, r) = (
+                host.addr().to_owned(),
+                authority.clone(),
+                server_name.clone(),
+                request.clone(),
+            );
+            let called = blocking(move || {
+                let tls = secure.then_some((&files, n.as_str()));
+                grpc_clients::java_crossplane_call(&addr, &a, tls, &r)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("grpc-java, {what}: {e:#}"));
+            assert_eq!(called.code, "OK", "grpc-java, {what}: {called:?}");
+            let response = called.response.as_ref().expect("a response");
+            assert_eq!(
+                touched(response),
+                Some("true"),
+                "grpc-java, {what}: {response}"
             );
 
             // tonic.
