@@ -194,8 +194,8 @@ impl Cli {
         self.function_serve_with(&["--listen", &listen], image)
     }
 
-    /// `fnrun function serve ARGS... IMAGE` as a user types it, with this
-    /// CLI's cache: without `--listen` in `args`, on its default address
+    /// `fnrun function serve ARGS... IMAGE` as a user types it, as this CLI's
+    /// user, with its cache: without `--listen` in `args`, on its default address
     /// (`127.0.0.1:9443`, where `crossplane render`'s Development runtime
     /// looks by default).
     pub fn function_serve_with(&self, args: &[&str], image: &str) -> Result<FunctionServe> {
@@ -209,7 +209,7 @@ impl Cli {
             .scratch()
             .join(format!("serve-{}.log", listen.replace([':', '/'], "-")));
         let file = std::fs::File::create(&log)?;
-        let mut serve = Command::new(fnrun_bin());
+        let mut serve = self.command();
         serve
             .args(["function", "serve"])
             .args(args)

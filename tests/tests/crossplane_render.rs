@@ -5,13 +5,14 @@
 //! a terminal" section says: each Function with the Development runtime, the
 //! first on `fnrun function serve`'s default address (the runtime's default
 //! target), the second on `--listen 127.0.0.1:9444` with the
-//! `render.crossplane.io/runtime-development-target` annotation.
+//! `render.crossplane.io/runtime-development-target` annotation. fnrun runs
+//! as root and rootless.
 
 use fnrun_tests::cli::Cli;
 use fnrun_tests::crossplane::PATCH_AND_TRANSFORM;
 use fnrun_tests::crossplane::render::{crossplane, rendered};
 use fnrun_tests::registry::Registry;
-use fnrun_tests::user::require_root;
+use fnrun_tests::user::{TestUser, require_root, root_and_rootless};
 use serde_json::json;
 
 const XR: &str = include_str!("../data/crossplane/render/xr.yaml");
@@ -55,9 +56,8 @@ fn composed<'a>(objects: &'a [serde_json::Value], name: &str) -> &'a serde_json:
 
 #[test]
 fn crossplane_render_runs_a_pipeline_of_patch_and_transform_on_fnrun_function_serve() {
-    if !require_root(
-        "crossplane_render_runs_a_pipeline_of_patch_and_transform_on_fnrun_function_serve",
-    ) {
+    let name = "crossplane_render_runs_a_pipeline_of_patch_and_transform_on_fnrun_function_serve";
+    if !require_root(name) {
         return;
     }
     let registry = Registry::start().expect("registry starts");
@@ -68,10 +68,22 @@ fn crossplane_render_runs_a_pipeline_of_patch_and_transform_on_fnrun_function_se
             &registry,
             "crossplane-contrib/function-patch-and-transform:v0.10.7",
         );
-    let cli = Cli::new().unwrap();
+    for user in root_and_rootless(name) {
+        render_with_function_serve(&image, user);
+    }
+}
+
+/// The docs' steps, with `fnrun function serve` run as `user` (root if
+/// none); `crossplane` runs as root.
+fn render_with_function_serve(image: &str, user: Option<TestUser>) {
+    let what = format!("{user:?}");
+    let cli = match user {
+        Some(user) => Cli::as_user(user).unwrap(),
+        None => Cli::new().unwrap(),
+    };
     let xr = cli.write_file("xr.yaml", XR).unwrap();
     let composition = cli.write_file("composition.yaml", COMPOSITION).unwrap();
-    let fns = cli.write_file("functions.yaml", functions(&image)).unwrap();
+    let fns = cli.write_file("functions.yaml", functions(image)).unwrap();
 
     // The docs' first command only: the first step's function is served, the
     // second's is not, and the render engine waits for it until --timeout.
@@ -83,19 +95,19 @@ fn crossplane_render_runs_a_pipeline_of_patch_and_transform_on_fnrun_function_se
         .unwrap()
     };
     let mut first = cli
-        .function_serve_with(&[], &image)
+        .function_serve_with(&[], image)
         .expect("fnrun function serve IMAGE serves");
     let out = render("10s");
-    assert_ne!(out.code, Some(0), "{}", out.describe());
+    assert_ne!(out.code, Some(0), "{what}: {}", out.describe());
 
     // And the second.
     let mut second = cli
-        .function_serve_with(&["--listen", "127.0.0.1:9444"], &image)
+        .function_serve_with(&["--listen", "127.0.0.1:9444"], image)
         .expect("fnrun function serve --listen 127.0.0.1:9444 IMAGE serves");
     let out = render("60s");
     let objects = rendered(&out).unwrap_or_else(|e| {
         panic!(
-            "{e:#}\nfirst server: {}\nsecond server: {}",
+            "{what}: {e:#}\nfirst server: {}\nsecond server: {}",
             first.log(),
             second.log()
         )
@@ -188,9 +200,9 @@ fn crossplane_render_runs_a_pipeline_of_patch_and_transform_on_fnrun_function_se
 
     // Without the first, the first step's function is gone.
     let status = first.stop().expect("it exits");
-    assert!(status.success(), "{status:?}: {}", first.log());
+    assert!(status.success(), "{what}: {status:?}: {}", first.log());
     let out = render("10s");
-    assert_ne!(out.code, Some(0), "{}", out.describe());
+    assert_ne!(out.code, Some(0), "{what}: {}", out.describe());
     let status = second.stop().expect("it exits");
-    assert!(status.success(), "{status:?}: {}", second.log());
+    assert!(status.success(), "{what}: {status:?}: {}", second.log());
 }
