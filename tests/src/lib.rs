@@ -23,6 +23,8 @@
 //!   `tests/python/` and `tests/go/`, with stubs generated from `.proto` files;
 //!   [`grpc_clients`] runs them against a daemon.
 //! - [`tool_cache`]: what those need, built once and kept across runs.
+//! - [`kube`]: a Kubernetes control plane (etcd and kube-apiserver built from
+//!   their modules, RBAC, a service-account token issuer) and `kubectl`.
 //! - [`crossplane`]: Crossplane v1 Function packages (servers on grpc-go and
 //!   function-sdk-go, one written with the real Python SDK) as images and host processes, a
 //!   grpc-go client that calls like Crossplane, sample requests;
@@ -50,6 +52,7 @@ pub mod grpc_clients;
 pub mod image;
 pub mod java;
 pub mod krm;
+pub mod kube;
 pub mod process;
 pub mod python;
 pub mod reflection;
