@@ -11,6 +11,9 @@
 //!   ([`package_image`], the one packaging harness).
 //! - [`render`]: the real `crossplane render` (the CLI and the core's render
 //!   engine), built from their modules.
+//! - [`Core`]: the real Crossplane core ([`CROSSPLANE_VERSION`], built from
+//!   its module) out of cluster on the tests' Kubernetes control plane
+//!   ([`crate::kube::ControlPlane`]), with the External function runtime.
 //! - [`python_sdk_image`]: a function written with the real
 //!   `crossplane-function-sdk-python`, packaged with its interpreter, stdlib,
 //!   packages and shared libraries in an image without busybox, cached.
@@ -76,6 +79,7 @@
 
 mod client;
 mod go_function;
+mod kubernetes;
 mod package;
 mod python_sdk;
 pub mod render;
@@ -88,6 +92,10 @@ pub use self::client::{Api, Bench, Call, Latency, Outcome, TlsSeen, client_binar
 pub use self::go_function::{
     FUNCTION_PATH, FUNCTION_USER, GoFunction, RunningFunction, ServerTls, Variant, function_binary,
     go_function_image,
+};
+pub use self::kubernetes::{
+    CLIENT_SECRET, CROSSPLANE_VERSION, Core, NAMESPACE, ROOT_CA_SECRET, crds_dir,
+    crossplane_binary, loopback_ip,
 };
 pub use self::package::{
     CROSSPLANE_CONSTRAINT, PATCH_AND_TRANSFORM, UpstreamFunction, XPKG_ANNOTATION, package_image,

@@ -142,6 +142,18 @@ impl Toolchain {
     /// Builds `package` (a `package main`) in the wrapper module
     /// `tests/go/upstream/<module>` into a binary named `name`; returns it.
     pub fn build_upstream(&self, module: &str, package: &str, name: &str) -> Result<PathBuf> {
+        self.build_upstream_with(module, package, name, "")
+    }
+
+    /// [`Toolchain::build_upstream`] with `-ldflags` (as `-X` settings that
+    /// stamp a release's version), part of the build's key.
+    pub fn build_upstream_with(
+        &self,
+        module: &str,
+        package: &str,
+        name: &str,
+        ldflags: &str,
+    ) -> Result<PathBuf> {
         let dir = crate::workspace_root()
             .join("tests/go/upstream")
             .join(module);
@@ -150,19 +162,22 @@ impl Toolchain {
             .part("go.mod", read(&dir.join("go.mod"))?)
             .part("go.sum", read(&dir.join("go.sum"))?)
             .part("package", package);
+        if !ldflags.is_empty() {
+            key.part("ldflags", ldflags);
+        }
         let entry = tool_cache::dir()
             .join("go")
             .join(format!("{name}-{}", key.short()));
         let entry = tool_cache::entry(&entry, |work| {
             let src = work.join("src");
             copy_module(&dir, &src)?;
-            check_output(
-                self.command(&src)
-                    .args(["build", "-trimpath", "-o"])
-                    .arg(work.join(name))
-                    .arg(package),
-            )
-            .with_context(|| format!("cannot build {package} in tests/go/upstream/{module}"))?;
+            let mut cmd = self.command(&src);
+            cmd.args(["build", "-trimpath"]);
+            if !ldflags.is_empty() {
+                cmd.arg(format!("-ldflags={ldflags}"));
+            }
+            check_output(cmd.arg("-o").arg(work.join(name)).arg(package))
+                .with_context(|| format!("cannot build {package} in tests/go/upstream/{module}"))?;
             std::fs::remove_dir_all(&src)?;
             Ok(())
         })?;

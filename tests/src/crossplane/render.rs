@@ -31,13 +31,10 @@ pub fn crossplane_cli() -> Result<PathBuf> {
 }
 
 /// Crossplane's core binary, for its `internal render` (what
-/// `--crossplane-binary` takes), built once.
+/// `--crossplane-binary` takes), built once: the one
+/// [`Core`](super::Core) runs, version-stamped as the release is.
 pub fn render_engine() -> Result<PathBuf> {
-    Toolchain::find()?.build_upstream(
-        "crossplane-render-engine",
-        "github.com/crossplane/crossplane/v2/cmd/crossplane",
-        "crossplane-core",
-    )
+    super::crossplane_binary()
 }
 
 /// The longest one `crossplane render` may take (its own `--timeout` is 1m).

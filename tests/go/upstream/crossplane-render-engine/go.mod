@@ -1,9 +1,10 @@
 // Builds Crossplane's core binary at the release pinned here, with the
 // versions of its own go.mod (the only module required, so minimal version
-// selection picks exactly those), for one of its commands: `crossplane
-// internal render`, the render engine that `crossplane render` (the CLI of
-// ../crossplane-cli) runs with --crossplane-binary instead of in a Docker
-// container. One pin is added: github.com/crossplane/crossplane/apis/v2 at
+// selection picks exactly those), for `crossplane core init` and `core
+// start` on the tests' control plane (fnrun_tests::crossplane::Core), and for
+// `crossplane internal render`, the render engine that `crossplane render`
+// (the CLI of ../crossplane-cli) runs with --crossplane-binary instead of in
+// a Docker container. Built with its version stamped (-ldflags -X). One pin is added: github.com/crossplane/crossplane/apis/v2 at
 // the same release, which the release builds from its own ./apis (a replace
 // directive, which a dependency's go.mod cannot pass on). docs/testing.md
 // lists every pin.

@@ -1,0 +1,468 @@
+//! docs/crossplane.md's "In Kubernetes, step by step", followed to the
+//! letter against the real peers: a Kubernetes control plane
+//! (`fnrun_tests::kube::ControlPlane`: etcd and kube-apiserver, RBAC on), the
+//! real Crossplane core out of cluster with the External function runtime
+//! (`fnrun_tests::crossplane::Core`), the released
+//! function-patch-and-transform as a Function package in the tests'
+//! registry, and `fnrun serve --functions` on the host run with the
+//! arguments of `deploy/crossplane/deployment.yaml`, its functions file and CA
+//! read from the ConfigMap and the Secret that Deployment mounts. The docs'
+//! shell blocks are run as they are written. A namespaced XR of a v2 XRD,
+//! composed by a pipeline of the real function, becomes Ready with its
+//! ConfigMap in the API server.
+//!
+//! What differs from a cluster, and why: fnrun and Crossplane run on the
+//! host, not in Pods (there is no kubelet); the Helm upgrade of step 2 is
+//! Crossplane's `--package-runtime=Function=External` flag given directly;
+//! Crossplane resolves `NAME.crossplane-system` through a hosts file of its
+//! own (there is no cluster DNS) to a loopback address where fnrun listens on
+//! the Deployment's port 9443.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use fnrun_tests::crossplane::{Core, NAMESPACE, PATCH_AND_TRANSFORM, ROOT_CA_SECRET, loopback_ip};
+use fnrun_tests::daemon::{Daemon, DaemonOpts, Listen};
+use fnrun_tests::kube::ControlPlane;
+use fnrun_tests::process::run_capture;
+use fnrun_tests::registry::{Registry, free_port};
+use fnrun_tests::user::require_root;
+use fnrun_tests::workspace_root;
+
+const XRD: &str = r#"
+apiVersion: apiextensions.crossplane.io/v2
+kind: CompositeResourceDefinition
+metadata:
+  name: xapps.example.fnrun.dev
+spec:
+  group: example.fnrun.dev
+  names:
+    kind: XApp
+    plural: xapps
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      referenceable: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                color:
+                  type: string
+"#;
+
+const COMPOSITION: &str = r#"
+apiVersion: apiextensions.crossplane.io/v1
+kind: Composition
+metadata:
+  name: xapps.example.fnrun.dev
+spec:
+  compositeTypeRef:
+    apiVersion: example.fnrun.dev/v1
+    kind: XApp
+  mode: Pipeline
+  pipeline:
+    - step: patch-and-transform
+      functionRef:
+        name: function-patch-and-transform
+      input:
+        apiVersion: pt.fn.crossplane.io/v1beta1
+        kind: Resources
+        resources:
+          - name: settings
+            base:
+              apiVersion: v1
+              kind: ConfigMap
+              data:
+                owner: fnrun
+            patches:
+              - type: FromCompositeFieldPath
+                fromFieldPath: spec.color
+                toFieldPath: data.color
+                transforms:
+                  - type: string
+                    string:
+                      type: Format
+                      fmt: "color-%s"
+            readinessChecks:
+              - type: None
+"#;
+
+const XR: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: demo
+---
+apiVersion: example.fnrun.dev/v1
+kind: XApp
+metadata:
+  name: demo
+  namespace: demo
+spec:
+  color: blue
+"#;
+
+/// The shell blocks of step `step` of the docs' "In Kubernetes, step by
+/// step", in order.
+fn docs_step(step: u32) -> Vec<String> {
+    let docs = std::fs::read_to_string(workspace_root().join("docs/crossplane.md")).unwrap();
+    let section = docs
+        .split("## In Kubernetes, step by step")
+        .nth(1)
+        .expect("the docs have the section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let start = format!("\n{step}. ");
+    let body = section
+        .split(&start)
+        .nth(1)
+        .unwrap_or_else(|| panic!("the docs have no step {step}"));
+    let body = body.split(&format!("\n{}. ", step + 1)).next().unwrap();
+    body.split("```sh\n")
+        .skip(1)
+        .map(|block| {
+            let block = block.split("```").next().unwrap();
+            // The docs indent blocks inside the list item.
+            block
+                .lines()
+                .map(|l| l.strip_prefix("   ").unwrap_or(l))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect()
+}
+
+/// Runs `script` with `sh -e` in `dir`, with kubectl pointed at `cp`.
+fn sh(cp: &ControlPlane, dir: &Path, script: &str) -> String {
+    eprintln!("$ {script}");
+    let out = run_capture(
+        Command::new("sh")
+            .args(["-ec", script])
+            .current_dir(dir)
+            .env("KUBECONFIG", cp.kubeconfig()),
+        None,
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.code, Some(0), "{script}: {out:?}");
+    eprintln!("{}{}", out.stdout, out.stderr);
+    out.stdout
+}
+
+/// Waits up to `timeout` for `check` to give a value.
+fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Option<T>,
+    log: &dyn Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        if Instant::now() >= deadline {
+            panic!("{what}: not within {timeout:?}\n{}", log());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn condition(object: &serde_json::Value, kind: &str) -> Option<String> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .and_then(|c| c["status"].as_str())
+        .map(str::to_owned)
+}
+
+/// `fnrun serve` as `deploy/crossplane/deployment.yaml` runs it: its args,
+/// with the files it mounts (the ConfigMap's functions file, the Secret's CA)
+/// read from the API server into `dir`, listening on `ip` instead of every
+/// address, its metrics on a free port.
+fn start_fnrun(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> Daemon {
+    let deployment = cp
+        .get_json(&["deployment", "fnrun-functions", "-n", NAMESPACE])
+        .unwrap();
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let mounts: Vec<(String, String)> = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap().to_owned(),
+                m["mountPath"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mount = |name: &str| {
+        mounts
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p.clone())
+            .unwrap_or_else(|| panic!("no volume {name} mounted: {container}"))
+    };
+    let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap();
+    let volume = |name: &str| volumes.iter().find(|v| v["name"] == name).unwrap().clone();
+    // The ConfigMap's and the Secret's keys, as the kubelet writes them.
+    let functions_dir = dir.join("functions");
+    let ca_dir = dir.join("ca");
+    std::fs::create_dir_all(&functions_dir).unwrap();
+    std::fs::create_dir_all(&ca_dir).unwrap();
+    let configmap = cp
+        .get_json(&[
+            "configmap",
+            volume("functions")["configMap"]["name"].as_str().unwrap(),
+            "-n",
+            NAMESPACE,
+        ])
+        .unwrap();
+    for (key, value) in configmap["data"].as_object().unwrap() {
+        std::fs::write(functions_dir.join(key), value.as_str().unwrap()).unwrap();
+    }
+    let secret = volume("ca")["secret"]["secretName"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(secret, ROOT_CA_SECRET);
+    for key in ["tls.crt", "tls.key"] {
+        let pem = cp
+            .kubectl(&[
+                "get",
+                "secret",
+                &secret,
+                "-n",
+                NAMESPACE,
+                "-o",
+                &format!("go-template={{{{index .data \"{key}\" | base64decode}}}}"),
+            ])
+            .unwrap();
+        std::fs::write(ca_dir.join(key), pem).unwrap();
+    }
+    let functions_mount = mount("functions");
+    let ca_mount = mount("ca");
+    let listen = format!("{ip}:9443");
+    let mut opts = DaemonOpts::default().listen(Listen::Off {
+        ready: listen.clone(),
+    });
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args.first(), Some(&"serve"), "{args:?}");
+    for arg in &args[1..] {
+        // What the Daemon harness sets itself: the subcommand, the runner's
+        // listener (none) and the cache.
+        if *arg == "--listen=none" || arg.starts_with("--cache-dir=") {
+            continue;
+        }
+        let arg = arg
+            .replace(&functions_mount, &functions_dir.display().to_string())
+            .replace(&ca_mount, &ca_dir.display().to_string())
+            .replace("0.0.0.0:9443", &listen)
+            .replace(
+                "0.0.0.0:9090",
+                &format!("127.0.0.1:{}", free_port().unwrap()),
+            );
+        opts = opts.arg(arg);
+    }
+    assert!(args.contains(&"--listen=none"), "{args:?}");
+    Daemon::start(opts).expect("fnrun serve starts as the Deployment runs it")
+}
+
+#[test]
+fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
+    if !require_root("the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane") {
+        return;
+    }
+    let fn_name = PATCH_AND_TRANSFORM.name;
+    let registry = Registry::start().expect("registry starts");
+    let package = PATCH_AND_TRANSFORM
+        .image()
+        .expect("function-patch-and-transform builds and packages")
+        .push_to(
+            &registry,
+            &format!(
+                "crossplane-contrib/{fn_name}:{}",
+                PATCH_AND_TRANSFORM.version
+            ),
+        );
+    let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
+    let ip = loopback_ip();
+    let service = format!("{fn_name}.{NAMESPACE}");
+    let core = Core::start(&cp, &[(&service, ip)], &[]).expect("crossplane starts");
+    let logs = || {
+        format!(
+            "--- crossplane ---\n{}\n{}",
+            core.log_tail(60),
+            cp.log_tails()
+        )
+    };
+
+    // A copy of the repository's deploy/crossplane, where step 3 lists the
+    // function: its name, its Function's spec.package as image.
+    let work = tempfile::tempdir().unwrap();
+    let deploy = work.path().join("deploy/crossplane");
+    std::fs::create_dir_all(deploy.join("services")).unwrap();
+    let source = workspace_root().join("deploy/crossplane");
+    for sub in ["", "services"] {
+        for entry in std::fs::read_dir(source.join(sub)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::copy(&path, deploy.join(sub).join(path.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    let functions = std::fs::read_to_string(deploy.join("functions.yaml")).unwrap();
+    let (head, _) = functions
+        .split_once("    functions:\n")
+        .expect("the ConfigMap holds a functions list");
+    std::fs::write(
+        deploy.join("functions.yaml"),
+        format!(
+            "{head}    functions:\n    - name: {fn_name}\n      image: {package}\n      \
+             resources: {{memory: 256Mi, cpu: 500m}}\n"
+        ),
+    )
+    .unwrap();
+    // Only this function's Service, as step 3 has one written per function.
+    for entry in std::fs::read_dir(deploy.join("services")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_stem().is_some_and(|s| s != fn_name) {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+
+    // Step 1: the namespace's label.
+    for block in docs_step(1) {
+        sh(&cp, work.path(), &block);
+    }
+    let ns = cp.get_json(&["namespace", NAMESPACE]).unwrap();
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "privileged"
+    );
+    // Step 2 is Helm's way to pass --package-runtime=Function=External, which
+    // Core gives crossplane directly.
+    assert!(
+        docs_step(2)
+            .concat()
+            .contains("--package-runtime=Function=External")
+    );
+    // Step 3: apply the manifests (there is no kubelet to roll them out: fnrun
+    // runs on the host as the Deployment says).
+    let step3 = docs_step(3).concat();
+    let apply = step3
+        .lines()
+        .find(|l| l.starts_with("kubectl apply"))
+        .expect("step 3 applies the manifests");
+    sh(&cp, work.path(), apply);
+    let svc = cp.get_json(&["service", fn_name, "-n", NAMESPACE]).unwrap();
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9443);
+    let fnrun_dir = tempfile::tempdir().unwrap();
+    let mut fnrun = start_fnrun(&cp, fnrun_dir.path(), ip);
+
+    // Step 4: install the Function.
+    cp.apply(&format!(
+        "apiVersion: pkg.crossplane.io/v1\nkind: Function\nmetadata:\n  name: {fn_name}\nspec:\n  package: {package}\n"
+    ))
+    .unwrap();
+    wait_for(
+        "an active FunctionRevision",
+        Duration::from_secs(120),
+        || {
+            let revs = cp
+                .get_json(&[
+                    "functionrevisions",
+                    "-l",
+                    &format!("pkg.crossplane.io/package={fn_name}"),
+                ])
+                .ok()?;
+            revs["items"]
+                .as_array()?
+                .iter()
+                .find(|r| r["spec"]["desiredState"] == "Active")
+                .cloned()
+        },
+        &logs,
+    );
+
+    // Step 5: the endpoint and the runtime's health, by the docs' commands.
+    for block in docs_step(5) {
+        sh(&cp, work.path(), &block);
+    }
+    let function = wait_for(
+        "the Function installed and healthy",
+        Duration::from_secs(120),
+        || {
+            let f = cp.get_json(&["function", fn_name]).ok()?;
+            (condition(&f, "Installed").as_deref() == Some("True")
+                && condition(&f, "Healthy").as_deref() == Some("True"))
+            .then_some(f)
+        },
+        &logs,
+    );
+    eprintln!("{function}");
+
+    // Step 6: a composite resource that uses the function reconciles.
+    cp.apply(XRD).unwrap();
+    wait_for(
+        "the XRD established",
+        Duration::from_secs(120),
+        || {
+            let xrd = cp.get_json(&["xrd", "xapps.example.fnrun.dev"]).ok()?;
+            (condition(&xrd, "Established").as_deref() == Some("True")).then_some(())
+        },
+        &logs,
+    );
+    cp.apply(COMPOSITION).unwrap();
+    cp.apply(XR).unwrap();
+    let xr = wait_for(
+        "the XR Ready",
+        Duration::from_secs(180),
+        || {
+            let xr = cp
+                .get_json(&["xapps.example.fnrun.dev", "demo", "-n", "demo"])
+                .ok()?;
+            (condition(&xr, "Ready").as_deref() == Some("True")).then_some(xr)
+        },
+        &|| format!("{}\n--- fnrun ---\n{}", logs(), fnrun.log()),
+    );
+    assert_eq!(condition(&xr, "Synced").as_deref(), Some("True"), "{xr}");
+    let composed = cp
+        .get_json(&[
+            "configmaps",
+            "-n",
+            "demo",
+            "-l",
+            "crossplane.io/composite=demo",
+        ])
+        .unwrap();
+    let items = composed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{composed}");
+    assert_eq!(items[0]["data"]["owner"], "fnrun", "{composed}");
+    assert_eq!(items[0]["data"]["color"], "color-blue", "{composed}");
+    assert_eq!(
+        items[0]["metadata"]["annotations"]["crossplane.io/composition-resource-name"], "settings",
+        "{composed}"
+    );
+    let log = fnrun.log();
+    assert!(
+        log.contains("function server ready") && log.contains(fn_name),
+        "fnrun served the calls: {log}"
+    );
+    assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
+}
