@@ -27,7 +27,7 @@ use fnrun_tests::crossplane::{Core, NAMESPACE, PATCH_AND_TRANSFORM, ROOT_CA_SECR
 use fnrun_tests::daemon::{Daemon, DaemonOpts, Listen};
 use fnrun_tests::kube::ControlPlane;
 use fnrun_tests::process::run_capture;
-use fnrun_tests::registry::{Registry, free_port};
+use fnrun_tests::registry::{Registry, free_port, http_get};
 use fnrun_tests::user::require_root;
 use fnrun_tests::workspace_root;
 
@@ -187,8 +187,8 @@ fn condition(object: &serde_json::Value, kind: &str) -> Option<String> {
 /// `fnrun serve` as `deploy/crossplane/deployment.yaml` runs it: its args,
 /// with the files it mounts (the ConfigMap's functions file, the Secret's CA)
 /// read from the API server into `dir`, listening on `ip` instead of every
-/// address, its metrics on a free port.
-fn start_fnrun(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> Daemon {
+/// address, its metrics on a free port of 127.0.0.1 (returned with it).
+fn start_fnrun(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> (Daemon, String) {
     let deployment = cp
         .get_json(&["deployment", "fnrun-functions", "-n", NAMESPACE])
         .unwrap();
@@ -253,6 +253,7 @@ fn start_fnrun(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> Daemon {
     let functions_mount = mount("functions");
     let ca_mount = mount("ca");
     let listen = format!("{ip}:9443");
+    let metrics = format!("127.0.0.1:{}", free_port().unwrap());
     let mut opts = DaemonOpts::default().listen(Listen::Off {
         ready: listen.clone(),
     });
@@ -273,14 +274,13 @@ fn start_fnrun(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> Daemon {
             .replace(&functions_mount, &functions_dir.display().to_string())
             .replace(&ca_mount, &ca_dir.display().to_string())
             .replace("0.0.0.0:9443", &listen)
-            .replace(
-                "0.0.0.0:9090",
-                &format!("127.0.0.1:{}", free_port().unwrap()),
-            );
+            .replace("0.0.0.0:9090", &metrics);
         opts = opts.arg(arg);
     }
     assert!(args.contains(&"--listen=none"), "{args:?}");
-    Daemon::start(opts).expect("fnrun serve starts as the Deployment runs it")
+    assert!(args.contains(&"--metrics-listen=0.0.0.0:9090"), "{args:?}");
+    let daemon = Daemon::start(opts).expect("fnrun serve starts as the Deployment runs it");
+    (daemon, metrics)
 }
 
 #[test]
@@ -373,7 +373,7 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
     let svc = cp.get_json(&["service", fn_name, "-n", NAMESPACE]).unwrap();
     assert_eq!(svc["spec"]["ports"][0]["port"], 9443);
     let fnrun_dir = tempfile::tempdir().unwrap();
-    let mut fnrun = start_fnrun(&cp, fnrun_dir.path(), ip);
+    let (mut fnrun, metrics) = start_fnrun(&cp, fnrun_dir.path(), ip);
 
     // Step 4: install the Function.
     cp.apply(&format!(
@@ -459,10 +459,26 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
         items[0]["metadata"]["annotations"]["crossplane.io/composition-resource-name"], "settings",
         "{composed}"
     );
+    // Step 6's checks: the daemon's log line (JSON, as the Deployment's
+    // --log-format=json writes it) and the calls counted.
     let log = fnrun.log();
     assert!(
-        log.contains("function server ready") && log.contains(fn_name),
+        log.lines()
+            .any(|l| l.contains("\"message\":\"function server ready\"")
+                && l.contains(&format!("\"function\":\"{fn_name}\""))),
         "fnrun served the calls: {log}"
     );
+    let (code, body) = http_get(&metrics, "/metrics").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let ok_calls: f64 = body
+        .lines()
+        .find(|l| {
+            l.starts_with("fnrun_function_calls_total{")
+                && l.contains(&format!("function=\"{fn_name}\""))
+                && l.contains("code=\"OK\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no OK calls of {fn_name} counted:\n{body}"));
+    assert!(ok_calls >= 1.0, "{body}");
     assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
 }
