@@ -9,7 +9,9 @@
 //! read from the ConfigMap and the Secret that Deployment mounts. The docs'
 //! shell blocks are run as they are written. A namespaced XR of a v2 XRD,
 //! composed by a pipeline of the real function, becomes Ready with its
-//! ConfigMap in the API server.
+//! ConfigMap in the API server. Then the same daemon run by an unprivileged
+//! user (rootless) takes over the address, and a second XR is composed
+//! through it.
 //!
 //! What differs from a cluster, and why: fnrun and Crossplane run on the
 //! host, not in Pods (there is no kubelet); the Helm upgrade of step 2 is
@@ -19,6 +21,7 @@
 //! the Deployment's port 9443.
 
 use std::net::Ipv4Addr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -28,7 +31,7 @@ use fnrun_tests::daemon::{Daemon, DaemonOpts, Listen};
 use fnrun_tests::kube::ControlPlane;
 use fnrun_tests::process::run_capture;
 use fnrun_tests::registry::{Registry, free_port, http_get};
-use fnrun_tests::user::require_root;
+use fnrun_tests::user::{TestUser, require_root, rootless_user};
 use fnrun_tests::workspace_root;
 
 const XRD: &str = r#"
@@ -188,7 +191,12 @@ fn condition(object: &serde_json::Value, kind: &str) -> Option<String> {
 /// with the files it mounts (the ConfigMap's functions file, the Secret's CA)
 /// read from the API server into `dir`, listening on `ip` instead of every
 /// address, its metrics on a free port of 127.0.0.1 (returned with it).
-fn start_fnrun(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> (Daemon, String) {
+fn start_fnrun(
+    cp: &ControlPlane,
+    dir: &Path,
+    ip: Ipv4Addr,
+    user: Option<&TestUser>,
+) -> (Daemon, String) {
     let deployment = cp
         .get_json(&["deployment", "fnrun-functions", "-n", NAMESPACE])
         .unwrap();
@@ -279,6 +287,15 @@ fn start_fnrun(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> (Daemon, String) 
     }
     assert!(args.contains(&"--listen=none"), "{args:?}");
     assert!(args.contains(&"--metrics-listen=0.0.0.0:9090"), "{args:?}");
+    if let Some(user) = user {
+        // The mounted files, the user's as a rootless pod's would be. Without
+        // a delegated cgroup the functions file's limits cannot be enforced:
+        // fnrun refuses to start the function (FAILED_PRECONDITION, which
+        // Crossplane reports on the XR) unless told to run it without them.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        user.chown_recursive(dir).unwrap();
+        opts = opts.user(user.clone()).arg("--best-effort-limits");
+    }
     let daemon = Daemon::start(opts).expect("fnrun serve starts as the Deployment runs it");
     (daemon, metrics)
 }
@@ -373,7 +390,7 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
     let svc = cp.get_json(&["service", fn_name, "-n", NAMESPACE]).unwrap();
     assert_eq!(svc["spec"]["ports"][0]["port"], 9443);
     let fnrun_dir = tempfile::tempdir().unwrap();
-    let (mut fnrun, metrics) = start_fnrun(&cp, fnrun_dir.path(), ip);
+    let (mut fnrun, metrics) = start_fnrun(&cp, fnrun_dir.path(), ip, None);
 
     // Step 4: install the Function.
     cp.apply(&format!(
@@ -430,35 +447,9 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
     );
     cp.apply(COMPOSITION).unwrap();
     cp.apply(XR).unwrap();
-    let xr = wait_for(
-        "the XR Ready",
-        Duration::from_secs(180),
-        || {
-            let xr = cp
-                .get_json(&["xapps.example.fnrun.dev", "demo", "-n", "demo"])
-                .ok()?;
-            (condition(&xr, "Ready").as_deref() == Some("True")).then_some(xr)
-        },
-        &|| format!("{}\n--- fnrun ---\n{}", logs(), fnrun.log()),
-    );
-    assert_eq!(condition(&xr, "Synced").as_deref(), Some("True"), "{xr}");
-    let composed = cp
-        .get_json(&[
-            "configmaps",
-            "-n",
-            "demo",
-            "-l",
-            "crossplane.io/composite=demo",
-        ])
-        .unwrap();
-    let items = composed["items"].as_array().unwrap();
-    assert_eq!(items.len(), 1, "{composed}");
-    assert_eq!(items[0]["data"]["owner"], "fnrun", "{composed}");
-    assert_eq!(items[0]["data"]["color"], "color-blue", "{composed}");
-    assert_eq!(
-        items[0]["metadata"]["annotations"]["crossplane.io/composition-resource-name"], "settings",
-        "{composed}"
-    );
+    assert_composed(&cp, "demo", "color-blue", &|| {
+        format!("{}\n--- fnrun ---\n{}", logs(), fnrun.log())
+    });
     // Step 6's checks: the daemon's log line (JSON, as the Deployment's
     // --log-format=json writes it) and the calls counted.
     let log = fnrun.log();
@@ -481,4 +472,68 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
         .unwrap_or_else(|| panic!("no OK calls of {fn_name} counted:\n{body}"));
     assert!(ok_calls >= 1.0, "{body}");
     assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
+
+    // The same daemon run by an unprivileged user (rootless): Crossplane
+    // reconnects to it, and a second XR is composed through it.
+    let Some(user) =
+        rootless_user("the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane rootless")
+    else {
+        return;
+    };
+    let rootless_dir = tempfile::tempdir().unwrap();
+    let (fnrun, _) = start_fnrun(&cp, rootless_dir.path(), ip, Some(&user));
+    cp.apply(
+        &XR.replace(
+            "name: demo\n  namespace: demo",
+            "name: rootless\n  namespace: demo",
+        )
+        .replace("color: blue", "color: green"),
+    )
+    .unwrap();
+    assert_composed(&cp, "rootless", "color-green", &|| {
+        format!("{}\n--- fnrun (rootless) ---\n{}", logs(), fnrun.log())
+    });
+    let pid = fnrun.pid().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Uid:")
+                && l.split_whitespace().nth(1) == Some(&user.uid.to_string())),
+        "{status}"
+    );
+}
+
+/// Waits until the XApp `name` in namespace `demo` is Ready and Synced, and
+/// checks the one ConfigMap composed for it.
+fn assert_composed(cp: &ControlPlane, name: &str, color: &str, log: &dyn Fn() -> String) {
+    let xr = wait_for(
+        &format!("the XR {name} Ready"),
+        Duration::from_secs(180),
+        || {
+            let xr = cp
+                .get_json(&["xapps.example.fnrun.dev", name, "-n", "demo"])
+                .ok()?;
+            (condition(&xr, "Ready").as_deref() == Some("True")).then_some(xr)
+        },
+        log,
+    );
+    assert_eq!(condition(&xr, "Synced").as_deref(), Some("True"), "{xr}");
+    let composed = cp
+        .get_json(&[
+            "configmaps",
+            "-n",
+            "demo",
+            "-l",
+            &format!("crossplane.io/composite={name}"),
+        ])
+        .unwrap();
+    let items = composed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{composed}");
+    assert_eq!(items[0]["data"]["owner"], "fnrun", "{composed}");
+    assert_eq!(items[0]["data"]["color"], color, "{composed}");
+    assert_eq!(
+        items[0]["metadata"]["annotations"]["crossplane.io/composition-resource-name"], "settings",
+        "{composed}"
+    );
 }
