@@ -276,6 +276,13 @@ fn daemonsets_serve_the_socket_and_tcp_with_grpc_probes_and_limits() {
         c["securityContext"]["allowPrivilegeEscalation"].as_bool(),
         Some(false)
     );
+    // procMount: Unmasked is refused by the API server (1.33 and later)
+    // unless the pod has its own user namespace.
+    assert_eq!(c["securityContext"]["procMount"].as_str(), Some("Unmasked"));
+    assert_eq!(
+        at(&rootless, "spec.template.spec.hostUsers").as_bool(),
+        Some(false)
+    );
     let seccomp = at(
         &rootless,
         "spec.template.spec.securityContext.seccompProfile",

@@ -69,9 +69,14 @@ fn fnruns_service_accounts_get_what_the_manifests_grant_and_no_more() {
         &[path(&workspace_root().join("deploy/namespace.yaml"))],
     );
     apply_files(&cp, &manifests("deploy"));
-    // Not deploy/rootless/daemonset.yaml: since Kubernetes v1.33 the API
-    // server refuses its `procMount: Unmasked` without `hostUsers: false`
-    // (a defect of that manifest, reported on issue 21).
+    // The rootless variant: since Kubernetes v1.33 the API server refuses
+    // its `procMount: Unmasked` without `hostUsers: false`.
+    apply_files(
+        &cp,
+        &[path(
+            &workspace_root().join("deploy/rootless/daemonset.yaml"),
+        )],
+    );
     cp.kubectl(&["create", "namespace", "crossplane-system"])
         .unwrap();
     let mut crossplane = manifests("deploy/crossplane");
