@@ -6,16 +6,17 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{CacheConfig, Credentials, PullPolicy};
+use crate::config::{CacheConfig, PullPolicy};
 use crate::error::Error;
 use crate::image::{Image, ImageDetails};
 use crate::progress::{NoProgress, PullProgress};
 use crate::pull::{Puller, blocking};
-use crate::reference::ImageRef;
-use crate::registry::{Registries, Repo};
 use crate::store::{
     CachedImage, Lease, Prune as PruneWhat, PruneReport, Selector, Store, VerifyReport,
 };
+use fnrun_registry::Credentials;
+use fnrun_registry::ImageRef;
+use fnrun_registry::client::{Registries, Repo};
 
 /// How [`Cache::get`] gets an image. The default: policy `IfNotPresent`, anonymous,
 /// nobody watching, no lease.
@@ -120,7 +121,7 @@ impl Cache {
     /// is one already: for commands that read or tidy a cache (list, verify,
     /// prune), which must not leave a cache's directories behind in whatever
     /// directory they were given. Otherwise fails with
-    /// [`crate::StoreError::NotACache`] (kind [`crate::ErrorKind::NotFound`]).
+    /// [`crate::StoreError::NotACache`] (kind [`fnrun_registry::ErrorKind::NotFound`]).
     pub fn open_existing(config: CacheConfig) -> Result<Cache, Error> {
         Store::check_existing(&config.root)?;
         Cache::open(config)
@@ -131,11 +132,16 @@ impl Cache {
         self.inner.store.root()
     }
 
+    /// The registry of unqualified references ([`CacheConfig::default_registry`]).
+    pub fn default_registry(&self) -> &str {
+        &self.inner.config.default_registry
+    }
+
     /// Parses and normalizes a reference with this cache's default registry. This (or
     /// [`ImageRef::parse`]) is the only way to make an [`ImageRef`], so [`Cache::get`]
     /// takes it as it is.
     pub fn parse_reference(&self, s: &str) -> Result<ImageRef, Error> {
-        ImageRef::parse(s, &self.inner.config.default_registry)
+        Ok(ImageRef::parse(s, &self.inner.config.default_registry)?)
     }
 
     /// Returns the image, pulling and unpacking what is missing as `options.policy`

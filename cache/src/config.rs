@@ -1,10 +1,9 @@
 //! What a cache is opened with and what a pull is given: settings, the owner of
-//! unpacked files, the pull policy and registry credentials.
+//! unpacked files and the pull policy (registry credentials are `fnrun_registry`'s).
 
-use std::fmt;
 use std::path::PathBuf;
 
-use crate::reference::DOCKER_HUB;
+use fnrun_registry::DOCKER_HUB;
 
 /// Default unpacked size limit of one image (4 GiB).
 pub(crate) const DEFAULT_MAX_IMAGE_BYTES: u64 = 4 << 30;
@@ -101,48 +100,6 @@ pub enum PullPolicy {
     IfNotPresent,
     /// Resolve the reference in the registry every time; reuse blobs and layers.
     Always,
-    /// Never contact the registry; fail with [`crate::ErrorKind::NotCached`] if not cached.
+    /// Never contact the registry; fail with [`fnrun_registry::ErrorKind::NotCached`] if not cached.
     Never,
-}
-
-/// Registry credentials.
-#[derive(Clone, PartialEq, Eq, Default)]
-pub enum Credentials {
-    /// No credentials (anonymous token, if the registry uses tokens).
-    #[default]
-    Anonymous,
-    /// User name and password (or access token used as a password).
-    Basic {
-        /// User name.
-        username: String,
-        /// Password; never printed.
-        password: String,
-    },
-    /// A registry token (docker's `registrytoken`): sent as is as
-    /// `Authorization: Bearer` to the registry, without a token exchange.
-    Bearer {
-        /// The token; never printed.
-        token: String,
-    },
-    /// An identity token (docker's `identitytoken`): an OAuth2 refresh token that is
-    /// exchanged at the registry's token endpoint for a repository-scoped access token.
-    IdentityToken {
-        /// The refresh token; never printed.
-        token: String,
-    },
-}
-
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Credentials::Anonymous => f.write_str("Anonymous"),
-            Credentials::Basic { username, .. } => f
-                .debug_struct("Basic")
-                .field("username", username)
-                .field("password", &"<redacted>")
-                .finish(),
-            Credentials::Bearer { .. } => f.write_str("Bearer(<redacted>)"),
-            Credentials::IdentityToken { .. } => f.write_str("IdentityToken(<redacted>)"),
-        }
-    }
 }

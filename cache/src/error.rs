@@ -1,32 +1,12 @@
 //! The crate's error: one variant per module's error, and the [`ErrorKind`] each maps
 //! to, for the runner's one table of gRPC codes and exit codes.
 
+use fnrun_registry::{ErrorKind, ManifestError, ReferenceError, RegistryError};
+
 pub use crate::config::OwnerError;
 use crate::layout::LayoutError;
-use crate::manifest::ManifestError;
-use crate::reference::ReferenceError;
-use crate::registry::RegistryError;
 use crate::store::StoreError;
 use crate::unpack::{Exceeded, UnpackError};
-
-/// The class of a cache error, for mapping to gRPC codes and exit codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// The reference is malformed.
-    InvalidReference,
-    /// Image, tag or platform not found in the registry or layout.
-    NotFound,
-    /// The registry refused the credentials.
-    Unauthorized,
-    /// Pull policy Never and the image is not cached.
-    NotCached,
-    /// The registry is unreachable or failing.
-    Unavailable,
-    /// Digest mismatch, hostile or corrupt content, size limit exceeded.
-    Corrupt,
-    /// A local failure (file system, task).
-    Internal,
-}
 
 /// A cache error. Messages never contain credentials.
 #[derive(Debug, thiserror::Error)]

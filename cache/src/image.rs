@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use fnrun_registry::ImageConfig;
+
 use crate::rootfs::{LayerStack, RootfsError};
 
 /// A cached, unpacked image.
@@ -33,21 +35,6 @@ impl Image {
     pub fn read_file(&self, path: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, RootfsError> {
         self.rootfs()?.read_file(path, max_bytes)
     }
-}
-
-/// The parts of an image config a run needs.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ImageConfig {
-    /// `Entrypoint`.
-    pub entrypoint: Vec<String>,
-    /// `Cmd`.
-    pub cmd: Vec<String>,
-    /// `Env` (`NAME=value`).
-    pub env: Vec<String>,
-    /// `WorkingDir` (empty: `/`).
-    pub working_dir: String,
-    /// `User` (`uid[:gid]` or names; empty: root).
-    pub user: String,
 }
 
 /// What the cache holds of one image ([`crate::Cache::inspect`]).

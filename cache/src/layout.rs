@@ -5,8 +5,8 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use crate::digest::{Digest, truncate};
-use crate::manifest::{
+use fnrun_registry::digest::{Digest, truncate};
+use fnrun_registry::manifest::{
     self, Descriptor, ImageManifest, MAX_METADATA_BYTES, Manifest, REF_NAME_ANNOTATION,
 };
 
@@ -104,8 +104,8 @@ pub enum BadBlob {
 }
 
 impl LayoutError {
-    pub(crate) fn kind(&self) -> crate::ErrorKind {
-        use crate::ErrorKind as K;
+    pub(crate) fn kind(&self) -> fnrun_registry::ErrorKind {
+        use fnrun_registry::ErrorKind as K;
         match self {
             LayoutError::NotLayout { .. } | LayoutError::TagNotFound { .. } => K::NotFound,
             LayoutError::Ambiguous { .. } => K::InvalidReference,

@@ -11,39 +11,28 @@
 //! [`Image::read_file`] reads a file of the image's merged root without the host.
 //!
 //! Modules: `cache` is the API; `pull` the orchestrator of a pull; `store` the
-//! directory layout, leases and GC; `registry`, `layout` and `token` the transports;
-//! `manifest` and `reference` the formats; `unpack` and `rootfs` write and read layer
-//! trees. docs/cache.md describes them.
+//! directory layout, leases and GC; `layout` the OCI layout transport; `unpack` and
+//! `rootfs` write and read layer trees. References, manifests, digests, the registry
+//! client and registry credentials are the `fnrun-registry` crate's. docs/cache.md
+//! describes them.
 
 mod cache;
 mod config;
-pub mod credentials;
-mod digest;
 mod error;
 mod image;
 mod layout;
-mod manifest;
 mod progress;
 mod pull;
-mod reference;
-mod registry;
 mod rootfs;
 mod store;
-mod token;
 mod unpack;
 
 pub use crate::cache::{Cache, GetOptions, Got};
-pub use crate::config::{CacheConfig, Credentials, LayerOwner, OwnerError, PullPolicy};
-pub use crate::digest::DigestError;
-pub use crate::error::{Error, ErrorKind};
-pub use crate::image::{Image, ImageConfig, ImageDetails, LayerDetails};
+pub use crate::config::{CacheConfig, LayerOwner, OwnerError, PullPolicy};
+pub use crate::error::Error;
+pub use crate::image::{Image, ImageDetails, LayerDetails};
 pub use crate::layout::{BadArchive, BadBlob, LayoutError, NotLayout};
-pub use crate::manifest::{InvalidManifest, ManifestError, UnsupportedManifest};
 pub use crate::progress::PullProgress;
-pub use crate::reference::{
-    DOCKER_HUB, ImageRef, ReferenceError, ReferenceProblem, RegistryProblem,
-};
-pub use crate::registry::{CaBundleError, RegistryError};
 pub use crate::rootfs::{LayerStack, RootfsError};
 pub use crate::store::{CachedImage, Lease, PruneReport, StoreError, VerifyReport};
 pub use crate::unpack::{CorruptLayer, HostileEntry, UnpackError};

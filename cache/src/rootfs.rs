@@ -41,8 +41,8 @@ use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat, openat2, readlinkat};
 use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
 
-use crate::ErrorKind;
-use crate::digest::truncate;
+use fnrun_registry::ErrorKind;
+use fnrun_registry::digest::truncate;
 
 /// Symlinks followed while resolving one path (Linux's `MAXSYMLINKS`).
 pub(crate) const MAX_SYMLINKS: u32 = 40;
@@ -475,9 +475,9 @@ mod tests {
 
     use super::*;
     use crate::LayerOwner;
-    use crate::digest::Digest;
     use crate::unpack::testutil::{Member, TarBuilder, big_budget, gzip};
     use crate::unpack::unpack_layer;
+    use fnrun_registry::digest::Digest;
 
     /// Layers unpacked by the cache's own unpacker from `tars` (bottom first).
     struct Unpacked {

@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::digest::Digest;
-use crate::manifest::{
+use crate::unpack::testutil::{Member, TarBuilder, gzip};
+use fnrun_registry::digest::Digest;
+use fnrun_registry::manifest::{
     self, Manifest, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, REF_NAME_ANNOTATION, host_arch,
 };
-use crate::unpack::testutil::{Member, TarBuilder, gzip};
+use fnrun_registry::{Credentials, DOCKER_HUB, ErrorKind, ImageRef, RegistryError};
 
 const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 

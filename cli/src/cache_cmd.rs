@@ -127,7 +127,7 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
     // These commands read or tidy a cache: a directory that is not one is an
     // error, and is left as it was.
     let cache = Cache::open_existing(CacheConfig::new(&root)).map_err(|e| match e.kind() {
-        fnrun_cache::ErrorKind::NotFound => {
+        fnrun_registry::ErrorKind::NotFound => {
             anyhow::anyhow!("{e} (give the cache directory with --cache-dir or $FNRUN_CACHE_DIR)")
         }
         _ => anyhow::anyhow!("cannot open the cache at {}: {e}", root.display()),

@@ -29,7 +29,7 @@ pub struct CacheArgs {
     #[arg(long, env = "FNRUN_CACHE_DIR", value_parser = crate::config::parse_path)]
     pub cache_dir: Option<PathBuf>,
     /// Default registry for unqualified image references.
-    #[arg(long, default_value = fnrun_cache::DOCKER_HUB)]
+    #[arg(long, default_value = fnrun_registry::DOCKER_HUB)]
     pub registry: String,
     /// A registry (HOST[:PORT]) that may be reached over plain HTTP. Loopback
     /// registries always may: such a registry is used over plain HTTP if it

@@ -151,8 +151,8 @@ fn run(args: RunArgs) -> ExitCode {
     req.timeout = args.timeout;
     req.memory_bytes = args.memory;
     req.cpu_millis = args.cpu;
-    req.credentials = match fnrun_cache::credentials::credentials(
-        runner.cache(),
+    req.credentials = match fnrun_registry::credentials::credentials(
+        runner.cache().default_registry(),
         &req.image,
         args.auth.authfile.as_deref(),
     ) {
@@ -281,8 +281,8 @@ fn pull(args: PullArgs) -> ExitCode {
     for image in &args.images {
         let bars = terminal.then(|| Arc::new(progress::LayerBars::stderr()));
         let result = rt.block_on(async {
-            let creds = fnrun_cache::credentials::credentials(
-                runner.cache(),
+            let creds = fnrun_registry::credentials::credentials(
+                runner.cache().default_registry(),
                 image,
                 args.auth.authfile.as_deref(),
             )?;
@@ -344,7 +344,7 @@ struct Pulled {
 #[derive(Debug, thiserror::Error)]
 enum PullError {
     #[error(transparent)]
-    Config(#[from] fnrun_cache::credentials::DockerConfigError),
+    Config(#[from] fnrun_registry::credentials::DockerConfigError),
     #[error(transparent)]
     Cache(#[from] fnrun_cache::Error),
 }
@@ -365,9 +365,9 @@ mod tests {
 
     #[test]
     fn a_pull_failure_names_the_image_once() {
-        let e = PullError::Cache(
-            fnrun_cache::ImageRef::parse("r.io/A:1", fnrun_cache::DOCKER_HUB).unwrap_err(),
-        );
+        let e = PullError::Cache(fnrun_cache::Error::from(
+            fnrun_registry::ImageRef::parse("r.io/A:1", fnrun_registry::DOCKER_HUB).unwrap_err(),
+        ));
         let line = pull_failure("r.io/A:1", &e);
         assert!(line.contains("r.io/A:1"), "{line}");
         assert_eq!(line.matches("r.io/A:1").count(), 1, "{line}");

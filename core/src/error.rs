@@ -6,7 +6,7 @@ use std::time::Duration;
 use fnrun_api::quantity::format_memory;
 use fnrun_api::resourcelist::{self, ResourceList};
 use fnrun_api::text;
-use fnrun_cache::ErrorKind as CacheKind;
+use fnrun_registry::ErrorKind as CacheKind;
 use fnrun_sandbox::Error as SandboxError;
 use tonic::{Code, Status};
 

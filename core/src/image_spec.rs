@@ -148,7 +148,7 @@ fn ids(image: &Image, id_map: &IdMap, run_as: RunAs) -> Result<Ids, RunError> {
 
 #[cfg(test)]
 mod tests {
-    use fnrun_cache::ImageConfig;
+    use fnrun_registry::ImageConfig;
 
     use super::*;
 

@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 
 use fnrun_api::resourcelist::{self, ResourceList};
 use fnrun_api::{functionio, text};
-use fnrun_cache::{
-    Cache, Credentials, ErrorKind, GetOptions, Got, Image, ImageRef, Lease, PullPolicy,
-    PullProgress,
-};
+use fnrun_cache::{Cache, GetOptions, Got, Image, Lease, PullPolicy, PullProgress};
+use fnrun_registry::{Credentials, ErrorKind, ImageRef};
 use fnrun_sandbox::{BindMount, Limits, Network, Sandbox, Status};
 use tokio::sync::{Semaphore, SemaphorePermit};
 

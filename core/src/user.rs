@@ -7,7 +7,8 @@
 //! numeric id does not (a file the image breaks, such as a symlink loop, is then
 //! ignored, as runc ignores it).
 
-use fnrun_cache::{ErrorKind, Image, LayerStack, RootfsError};
+use fnrun_cache::{Image, LayerStack, RootfsError};
+use fnrun_registry::ErrorKind;
 
 /// The ids a function runs as, and its home directory.
 #[derive(Debug, Clone, PartialEq, Eq)]

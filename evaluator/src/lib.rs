@@ -28,12 +28,12 @@ use std::sync::Arc;
 use fnrun_api::evaluator::function_evaluator_server::{FunctionEvaluator, FunctionEvaluatorServer};
 use fnrun_api::evaluator::{EvaluateFunctionRequest, EvaluateFunctionResponse};
 use fnrun_api::text;
-use fnrun_cache::Credentials;
+use fnrun_registry::Credentials;
 use tonic::{Code, Request, Response, Status};
 
-use fnrun_cache::credentials as docker_config;
 use fnrun_core::error::{Class, IMAGE_REF_MAX, LINE_MAX, RunError, STATUS_MESSAGE_MAX, bounded};
 use fnrun_core::runner::{RunRequest, Runner};
+use fnrun_registry::credentials as docker_config;
 
 use crate::tag::TagError;
 
@@ -98,13 +98,15 @@ fn status(image: &str, e: &EvalError) -> Status {
 /// Registry credentials for `image` from the daemon's docker config file.
 pub fn credentials(runner: &Runner, image: &str) -> Result<Credentials, Status> {
     // Reading the file, or a credential helper, blocks.
-    tokio::task::block_in_place(|| docker_config::credentials_for_image(runner.cache(), image))
-        .map_err(|e| {
-            Status::failed_precondition(bounded(
-                &format!("registry credentials for {image:?}: {e}"),
-                STATUS_MESSAGE_MAX,
-            ))
-        })
+    tokio::task::block_in_place(|| {
+        docker_config::credentials_for_image(runner.cache().default_registry(), image)
+    })
+    .map_err(|e| {
+        Status::failed_precondition(bounded(
+            &format!("registry credentials for {image:?}: {e}"),
+            STATUS_MESSAGE_MAX,
+        ))
+    })
 }
 
 #[tonic::async_trait]

@@ -9,7 +9,7 @@
 //! answer can change as tags are pushed.
 
 use fnrun_api::Quoted;
-use fnrun_cache::{Credentials, ImageRef};
+use fnrun_registry::{Credentials, ImageRef};
 
 use super::semver::{Constraint, SemverError, Version};
 use fnrun_core::{Class, RunError, Runner};

@@ -127,9 +127,9 @@ pub fn reference(data: &[u8]) {
     let Ok(s) = std::str::from_utf8(data) else {
         return;
     };
-    if let Ok(parsed) = fnrun_cache::ImageRef::parse(s, fnrun_cache::DOCKER_HUB) {
+    if let Ok(parsed) = fnrun_registry::ImageRef::parse(s, fnrun_registry::DOCKER_HUB) {
         let printed = parsed.to_string();
-        let again = fnrun_cache::ImageRef::parse(&printed, fnrun_cache::DOCKER_HUB)
+        let again = fnrun_registry::ImageRef::parse(&printed, fnrun_registry::DOCKER_HUB)
             .unwrap_or_else(|e| panic!("{s:?} prints as {printed:?}, which is refused: {e}"));
         assert_eq!(again, parsed, "{s:?} prints as {printed:?}");
     }

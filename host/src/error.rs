@@ -104,7 +104,7 @@ pub enum HostError {
     #[error("function {function}: {error}")]
     Credentials {
         function: String,
-        error: Arc<fnrun_cache::credentials::docker_config::DockerConfigError>,
+        error: Arc<fnrun_registry::credentials::docker_config::DockerConfigError>,
     },
     /// The connection to the function's server broke during the call.
     #[error("function {function}: the call to its server failed: {error}{}", output_suffix(.output))]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fnrun_cache::{Credentials, Lease};
+use fnrun_cache::Lease;
 use fnrun_sandbox::{ExitWatch, Service, ServiceExit, Status as RunStatus};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Response, Status};
@@ -20,10 +20,11 @@ use tonic::{Code, Response, Status};
 use super::catalogue::{CredentialSource, FunctionDef};
 use super::error::{ExitReport, HostError};
 use super::upstream::{FUNCTION_PORT, Upstream, is_transport};
-use fnrun_cache::credentials::docker_config;
 use fnrun_core::error::RunError;
 use fnrun_core::image_spec::{self, SpecOptions};
 use fnrun_core::runner::Runner;
+use fnrun_registry::Credentials;
+use fnrun_registry::credentials::docker_config;
 
 /// The argument every Function package's server takes to serve plain h2c
 /// (function-sdk-go and function-sdk-python): TLS ends at the host.
@@ -393,13 +394,13 @@ pub async fn credentials(runner: &Runner, def: &FunctionDef) -> Result<Credentia
     let cache = runner.cache_handle();
     let found = tokio::task::spawn_blocking(move || match &source {
         CredentialSource::DaemonDockerConfig => {
-            docker_config::credentials_for_image(&cache, &image)
+            docker_config::credentials_for_image(cache.default_registry(), &image)
         }
         CredentialSource::DockerConfig(path) => {
-            docker_config::credentials_from_docker_config(&cache, &image, path)
+            docker_config::credentials_from_docker_config(cache.default_registry(), &image, path)
         }
         CredentialSource::PullSecret(path) => {
-            docker_config::credentials_from_pull_secret(&cache, &image, path)
+            docker_config::credentials_from_pull_secret(cache.default_registry(), &image, path)
         }
     })
     .await

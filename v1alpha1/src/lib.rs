@@ -12,9 +12,10 @@ use fnrun_api::v1alpha1::{
     ImagePullAuth, ImagePullPolicy, NetworkPolicy, RunFunctionRequest, RunFunctionResponse,
     containerized_function_runner_service_server::ContainerizedFunctionRunnerService,
 };
-use fnrun_cache::{Credentials, PullPolicy};
+use fnrun_cache::PullPolicy;
 use fnrun_core::error::{RequestError, RunError};
 use fnrun_core::runner::{DEFAULT_TIMEOUT, RunRequest, Runner};
+use fnrun_registry::Credentials;
 use fnrun_sandbox::Network;
 use tonic::{Request, Response, Status};
 

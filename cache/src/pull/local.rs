@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use super::{Puller, Resolved, Source};
 use crate::config::MAX_IMAGE_FILES;
-use crate::digest::Digest;
 use crate::error::Error;
 use crate::image::{Image, ImageDetails, LayerDetails};
 use crate::layout;
-use crate::manifest::{self, ImageManifest, MAX_METADATA_BYTES, Manifest, ParsedConfig};
-use crate::reference::ImageRef;
 use crate::store::{CachedImage, StoreError};
 use crate::unpack::Budget;
+use fnrun_registry::ImageRef;
+use fnrun_registry::digest::Digest;
+use fnrun_registry::manifest::{self, ImageManifest, MAX_METADATA_BYTES, Manifest, ParsedConfig};
 
 /// What [`Puller::inspect`] finds of an image.
 pub(super) struct Inspected {

@@ -8,13 +8,13 @@ use futures::StreamExt;
 
 use super::local::Inspected;
 use super::{Puller, Resolved, Source, Stop, blocking};
-use crate::digest::Digest;
 use crate::error::Error;
 use crate::image::Image;
 use crate::layout;
-use crate::manifest::Descriptor;
 use crate::progress::{NoProgress, PullProgress};
 use crate::unpack::{self, Budget, Exceeded, UnpackError};
+use fnrun_registry::digest::Digest;
+use fnrun_registry::manifest::Descriptor;
 
 /// Blob downloads running at once for one image.
 const CONCURRENT_DOWNLOADS: usize = 4;

@@ -17,19 +17,20 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use crate::config::{CacheConfig, Credentials, PullPolicy};
-use crate::digest::Digest;
+use crate::config::{CacheConfig, PullPolicy};
 use crate::error::Error;
 use crate::image::Image;
 use crate::layout;
-use crate::manifest::{
-    self, ImageManifest, MAX_METADATA_BYTES, Manifest, ManifestError, UnsupportedManifest,
-};
 use crate::progress::{NoProgress, PullProgress};
-use crate::reference::ImageRef;
-use crate::registry::{Registries, Repo};
 use crate::store::{Store, TOUCH_INTERVAL};
 use crate::unpack;
+use fnrun_registry::Credentials;
+use fnrun_registry::ImageRef;
+use fnrun_registry::client::{Registries, Repo};
+use fnrun_registry::digest::Digest;
+use fnrun_registry::manifest::{
+    self, ImageManifest, MAX_METADATA_BYTES, Manifest, ManifestError, UnsupportedManifest,
+};
 
 /// Runs blocking store work off the async runtime.
 pub(crate) async fn blocking<T, F>(f: F) -> Result<T, Error>
@@ -79,7 +80,9 @@ impl Puller {
         progress: &Arc<dyn PullProgress>,
     ) -> Result<Image, Error> {
         match image {
-            ImageRef::OciLayout { path, tag, archive } => {
+            ImageRef::OciLayout {
+                path, tag, archive, ..
+            } => {
                 let reference = image.to_string();
                 // An archive is extracted to tmp/ and read like a layout directory.
                 let extracted = match archive {

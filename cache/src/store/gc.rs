@@ -21,9 +21,9 @@ use nix::fcntl::FlockArg;
 
 use super::lease::LeaseFile;
 use super::{RefFile, Store, StoreError, fsync_dir, io_err, lock};
-use crate::digest::{Digest, Hasher};
-use crate::manifest::{self, MAX_METADATA_BYTES, Manifest};
 use crate::unpack::{LayerStats, remove_tree};
+use fnrun_registry::digest::{Digest, Hasher};
+use fnrun_registry::manifest::{self, MAX_METADATA_BYTES, Manifest};
 
 /// One cached reference, as listed by [`crate::Cache::list`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -656,9 +656,9 @@ fn hash_file(path: &Path) -> io::Result<Digest> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::{OCI_CONFIG, OCI_MANIFEST, host_arch};
     use crate::unpack::testutil::{Member, TarBuilder, gzip};
     use crate::{Cache, CacheConfig, Error, GetOptions, Image, PullPolicy};
+    use fnrun_registry::manifest::{OCI_CONFIG, OCI_MANIFEST, host_arch};
 
     const GZ_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 

@@ -20,8 +20,8 @@ use nix::fcntl::{Flock, FlockArg, RenameFlags, renameat2};
 use serde::{Deserialize, Serialize};
 
 use super::{Store, StoreError, io_err, lock, write_new};
-use crate::digest::Digest;
 use crate::image::Image;
+use fnrun_registry::digest::Digest;
 
 /// Marks an image's manifest, config, blobs and unpacked layers in use until dropped:
 /// no prune (in this or another process) removes them meanwhile.

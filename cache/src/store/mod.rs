@@ -34,8 +34,8 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, RenameFlags, renameat2};
 use serde::{Deserialize, Serialize};
 
-use crate::digest::{Digest, truncate};
 use crate::unpack::{LayerStats, remove_tree};
+use fnrun_registry::digest::{Digest, truncate};
 
 /// A store operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -68,11 +68,11 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    pub(crate) fn kind(&self) -> crate::ErrorKind {
+    pub(crate) fn kind(&self) -> fnrun_registry::ErrorKind {
         match self {
-            StoreError::Io { .. } => crate::ErrorKind::Internal,
-            StoreError::NotACache { .. } => crate::ErrorKind::NotFound,
-            _ => crate::ErrorKind::Corrupt,
+            StoreError::Io { .. } => fnrun_registry::ErrorKind::Internal,
+            StoreError::NotACache { .. } => fnrun_registry::ErrorKind::NotFound,
+            _ => fnrun_registry::ErrorKind::Corrupt,
         }
     }
 }
@@ -543,7 +543,7 @@ mod tests {
                 missing.display()
             )
         );
-        assert_eq!(err.kind(), crate::ErrorKind::NotFound);
+        assert_eq!(err.kind(), fnrun_registry::ErrorKind::NotFound);
         assert!(!missing.exists());
         let unrelated = tmp.path().join("home");
         fs::create_dir(&unrelated).unwrap();
@@ -579,7 +579,7 @@ mod tests {
         let d = Digest::of(b"hello");
         let wrong = Digest::of(b"other");
         let err = store.write_blob(&wrong, "blob", b"hello").unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::Corrupt);
+        assert_eq!(err.kind(), fnrun_registry::ErrorKind::Corrupt);
         assert!(!store.has_blob(&wrong));
         store.write_blob(&d, "blob", b"hello").unwrap();
         assert_eq!(store.read_blob(&d, "blob", 100).unwrap(), b"hello");

@@ -47,7 +47,7 @@ use self::meta::{
 pub(crate) use self::remove::remove_tree;
 pub(crate) use self::stream::{Budget, Exceeded};
 use crate::config::LayerOwner;
-use crate::digest::Digest;
+use fnrun_registry::digest::Digest;
 
 /// A layer that could not be unpacked.
 #[derive(Debug, thiserror::Error)]
@@ -143,13 +143,13 @@ pub enum CorruptLayer {
 }
 
 impl UnpackError {
-    pub(crate) fn kind(&self) -> crate::ErrorKind {
+    pub(crate) fn kind(&self) -> fnrun_registry::ErrorKind {
         match self {
             UnpackError::Entry {
                 from_layer: false, ..
             }
-            | UnpackError::Io { .. } => crate::ErrorKind::Internal,
-            _ => crate::ErrorKind::Corrupt,
+            | UnpackError::Io { .. } => fnrun_registry::ErrorKind::Internal,
+            _ => fnrun_registry::ErrorKind::Corrupt,
         }
     }
 
@@ -310,7 +310,7 @@ fn fs(op: &'static str) -> impl Fn(Errno) -> Fail {
 }
 
 fn lossy(b: &[u8]) -> String {
-    crate::digest::truncate(&String::from_utf8_lossy(b))
+    fnrun_registry::digest::truncate(&String::from_utf8_lossy(b))
 }
 
 fn os(b: &[u8]) -> &OsStr {

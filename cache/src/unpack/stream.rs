@@ -7,7 +7,7 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::CorruptLayer;
-use crate::digest::{Digest, Hasher, HashingReader};
+use fnrun_registry::digest::{Digest, Hasher, HashingReader};
 
 /// Unpacked bytes and entry limits shared by the layers of one image.
 #[derive(Debug)]
@@ -188,9 +188,9 @@ mod tests {
     use std::io::{self, Read as _};
 
     use crate::config::LayerOwner;
-    use crate::digest::Digest;
     use crate::unpack::testutil::{Member, TarBuilder, area, big_budget, gzip};
     use crate::unpack::{Budget, UnpackError, unpack_layer};
+    use fnrun_registry::digest::Digest;
 
     #[test]
     fn decompression_bomb_stops_at_the_limit() {
@@ -213,7 +213,7 @@ mod tests {
             matches!(err, UnpackError::TooLarge { limit, .. } if limit == 1 << 20),
             "{err}"
         );
-        assert_eq!(err.kind(), crate::ErrorKind::Corrupt);
+        assert_eq!(err.kind(), fnrun_registry::ErrorKind::Corrupt);
         assert!(!a.layer.exists());
 
         // Many small files: the stream is charged as it is read, so this fails too.
@@ -324,7 +324,7 @@ mod tests {
         let err = a
             .unpack(cut, &tar, LayerOwner::Identity, &big_budget())
             .unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::Corrupt, "{err}");
+        assert_eq!(err.kind(), fnrun_registry::ErrorKind::Corrupt, "{err}");
         assert!(!a.layer.exists());
     }
 
@@ -359,7 +359,7 @@ mod tests {
         let err = a
             .unpack(&junk, &junk, LayerOwner::Identity, &big_budget())
             .unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::Corrupt, "{err}");
+        assert_eq!(err.kind(), fnrun_registry::ErrorKind::Corrupt, "{err}");
         let err = a
             .unpack(
                 &[0x1f, 0x8b, 1, 2, 3],
@@ -368,7 +368,7 @@ mod tests {
                 &big_budget(),
             )
             .unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::Corrupt, "{err}");
+        assert_eq!(err.kind(), fnrun_registry::ErrorKind::Corrupt, "{err}");
         a.assert_contained();
     }
 }

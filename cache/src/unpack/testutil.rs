@@ -11,7 +11,7 @@ use tar::EntryType;
 
 use super::{Budget, LayerStats, UnpackError, unpack_layer};
 use crate::config::LayerOwner;
-use crate::digest::Digest;
+use fnrun_registry::digest::Digest;
 
 /// Builds a tar with raw headers so hostile names reach the unpacker unmodified.
 pub(crate) struct TarBuilder {
@@ -190,7 +190,7 @@ pub(crate) fn assert_refused(area: &Area, tar: &[u8]) -> UnpackError {
     let err = area
         .unpack_tar(tar)
         .expect_err("a hostile layer must be refused");
-    assert_eq!(err.kind(), crate::ErrorKind::Corrupt, "{err}");
+    assert_eq!(err.kind(), fnrun_registry::ErrorKind::Corrupt, "{err}");
     assert!(
         !area.layer.exists(),
         "a refused layer must not be left behind"

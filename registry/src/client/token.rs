@@ -11,8 +11,10 @@
 
 use std::time::Duration;
 
+use super::error::RegistryError;
+use super::protocol::plain_http_allowed;
+use super::repo::Repo;
 use crate::digest::truncate;
-use crate::registry::{RegistryError, Repo, plain_http_allowed};
 
 /// `client_id` sent with token requests.
 const CLIENT_ID: &str = "fnrun";

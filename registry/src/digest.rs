@@ -11,7 +11,7 @@ use sha2::{Digest as _, Sha256};
 
 /// A validated sha256 digest.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Digest {
+pub struct Digest {
     hex: String,
 }
 
@@ -26,7 +26,7 @@ pub enum DigestError {
 
 impl Digest {
     /// Parses `sha256:<64 lower-case hex>`.
-    pub(crate) fn parse(s: &str) -> Result<Digest, DigestError> {
+    pub fn parse(s: &str) -> Result<Digest, DigestError> {
         let Some((algorithm, hex)) = s.split_once(':') else {
             return Err(DigestError::Invalid(truncate(s)));
         };
@@ -50,14 +50,14 @@ impl Digest {
     }
 
     /// The digest of `bytes`.
-    pub(crate) fn of(bytes: &[u8]) -> Digest {
+    pub fn of(bytes: &[u8]) -> Digest {
         Digest {
             hex: hex::encode(Sha256::digest(bytes)),
         }
     }
 
     /// The 64 hex digits, safe to use as a file name.
-    pub(crate) fn hex(&self) -> &str {
+    pub fn hex(&self) -> &str {
         &self.hex
     }
 }
@@ -69,7 +69,7 @@ impl fmt::Display for Digest {
 }
 
 /// Keeps error messages short when they echo untrusted input.
-pub(crate) fn truncate(s: &str) -> String {
+pub fn truncate(s: &str) -> String {
     const MAX: usize = 300;
     if s.len() <= MAX {
         return s.to_owned();
@@ -83,23 +83,28 @@ pub(crate) fn truncate(s: &str) -> String {
 
 /// An incremental sha256.
 #[derive(Default, Clone)]
-pub(crate) struct Hasher {
+pub struct Hasher {
     inner: Sha256,
     len: u64,
 }
 
 impl Hasher {
-    pub(crate) fn update(&mut self, bytes: &[u8]) {
+    pub fn update(&mut self, bytes: &[u8]) {
         self.inner.update(bytes);
         self.len += bytes.len() as u64;
     }
 
     /// Bytes hashed so far.
-    pub(crate) fn len(&self) -> u64 {
+    pub fn len(&self) -> u64 {
         self.len
     }
 
-    pub(crate) fn finish(self) -> Digest {
+    /// Whether nothing was hashed yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn finish(self) -> Digest {
         Digest {
             hex: hex::encode(self.inner.finalize()),
         }
@@ -107,13 +112,13 @@ impl Hasher {
 }
 
 /// A reader that hashes everything read through it.
-pub(crate) struct HashingReader<R> {
+pub struct HashingReader<R> {
     inner: R,
     hasher: Hasher,
 }
 
 impl<R: Read> HashingReader<R> {
-    pub(crate) fn new(inner: R) -> Self {
+    pub fn new(inner: R) -> Self {
         HashingReader {
             inner,
             hasher: Hasher::default(),
@@ -121,7 +126,7 @@ impl<R: Read> HashingReader<R> {
     }
 
     /// Reads the rest of the stream, then returns the digest of everything read and its length.
-    pub(crate) fn finish(mut self) -> io::Result<(Digest, u64)> {
+    pub fn finish(mut self) -> io::Result<(Digest, u64)> {
         io::copy(&mut self, &mut io::sink())?;
         let len = self.hasher.len();
         Ok((self.hasher.finish(), len))

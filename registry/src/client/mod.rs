@@ -17,6 +17,8 @@
 
 mod error;
 mod protocol;
+mod repo;
+mod token;
 
 use std::collections::HashMap;
 use std::os::unix::fs::OpenOptionsExt;
@@ -34,9 +36,9 @@ use tokio::io::AsyncWriteExt;
 
 pub use self::error::{CaBundleError, RegistryError};
 use self::error::{chain, map_error, response_error};
-pub(crate) use self::protocol::plain_http_allowed;
-use self::protocol::{answers_plain_http, parse_ca_bundle};
-use crate::config::Credentials;
+use self::protocol::{answers_plain_http, parse_ca_bundle, plain_http_allowed};
+pub use self::repo::Repo;
+use crate::auth::Credentials;
 use crate::digest::{Digest, Hasher};
 use crate::manifest::{ACCEPTED_MANIFESTS, Descriptor, MAX_METADATA_BYTES};
 
@@ -121,14 +123,6 @@ fn is_tag(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || b"_.-".contains(c))
 }
 
-/// A repository in a registry plus the normalized reference used in messages.
-#[derive(Debug, Clone)]
-pub(crate) struct Repo {
-    pub registry: String,
-    pub repository: String,
-    pub reference: String,
-}
-
 /// The oci-client authentication for `creds`, and the secret that keys its client.
 /// Identity tokens must have been exchanged first ([`Registries::exchange`]).
 pub(crate) fn registry_auth(
@@ -155,7 +149,7 @@ pub(crate) fn registry_auth(
 }
 
 /// Clients per (registry, credentials).
-pub(crate) struct Registries {
+pub struct Registries {
     clients: Mutex<HashMap<String, Client>>,
     insecure: Vec<String>,
     /// Extra root certificates (PEM, one each).
@@ -168,7 +162,7 @@ pub(crate) struct Registries {
 
 impl Registries {
     /// `ca_bundle`: PEM certificates trusted in addition to the system roots.
-    pub(crate) fn new(
+    pub fn new(
         insecure: Vec<String>,
         ca_bundle: Option<&[u8]>,
     ) -> Result<Registries, RegistryError> {
@@ -278,7 +272,7 @@ impl Registries {
 
     /// Credentials the registry requests can use: an identity token is exchanged for a
     /// bearer access token scoped to `repo`; everything else is returned as is.
-    pub(crate) async fn exchange(
+    pub async fn exchange(
         &self,
         repo: &Repo,
         creds: &Credentials,
@@ -296,7 +290,7 @@ impl Registries {
                 let plain = self.plain_http(&host).await;
                 let roots = self.reqwest_roots();
                 Ok(Credentials::Bearer {
-                    token: crate::token::exchange(repo, &host, token, &self.insecure, plain, roots)
+                    token: token::exchange(repo, &host, token, &self.insecure, plain, roots)
                         .await?,
                 })
             }
@@ -337,7 +331,7 @@ impl Registries {
     /// into memory, and a registry could send gigabytes. Here a body past
     /// [`MAX_METADATA_BYTES`] is refused as soon as it is, whatever `Content-Length`
     /// says.
-    pub(crate) async fn manifest(
+    pub async fn manifest(
         &self,
         repo: &Repo,
         creds: &Credentials,
@@ -434,7 +428,7 @@ impl Registries {
     /// at most [`MAX_TAGS`], page after page of [`TAGS_PAGE`] (`n` and `last`,
     /// as the distribution spec pages them). Each page's body is bounded as a
     /// manifest's is; names that are not tags are dropped.
-    pub(crate) async fn tags(
+    pub async fn tags(
         &self,
         repo: &Repo,
         creds: &Credentials,
@@ -541,7 +535,7 @@ impl Registries {
     /// Downloads the blob of descriptor `blob` into the new file `dest`, verifying size
     /// and digest while writing, and syncs it. On error `dest` is removed. `on_bytes` is
     /// told the length of each chunk written (progress; the blob is verified at its end).
-    pub(crate) async fn blob(
+    pub async fn blob(
         &self,
         repo: &Repo,
         creds: &Credentials,

@@ -10,6 +10,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::digest::{Digest, DigestError, truncate};
+use crate::kind::ErrorKind;
 
 /// Docker Hub's registry host, as the normalized form of `docker.io` references.
 pub const DOCKER_HUB: &str = "index.docker.io";
@@ -99,6 +100,13 @@ pub enum RegistryProblem {
     Port,
 }
 
+impl ReferenceError {
+    /// Its class: always [`ErrorKind::InvalidReference`].
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::InvalidReference
+    }
+}
+
 fn invalid(reference: &str, reason: ReferenceProblem) -> ReferenceError {
     ReferenceError {
         reference: truncate(reference),
@@ -108,13 +116,13 @@ fn invalid(reference: &str, reason: ReferenceProblem) -> ReferenceError {
 
 /// Where an image comes from: a parsed and normalized reference.
 ///
-/// Only [`ImageRef::parse`] (and [`crate::Cache::parse_reference`]) make one: its
+/// Only [`ImageRef::parse`] (and the cache's `Cache::parse_reference`) make one: its
 /// variants cannot be built elsewhere, so whoever holds an `ImageRef` holds a valid,
 /// normalized reference and nothing normalizes it again.
 ///
 /// ```compile_fail
 /// // Not outside this crate: the variants are `#[non_exhaustive]`.
-/// let _ = fnrun_cache::ImageRef::Registry {
+/// let _ = fnrun_registry::ImageRef::Registry {
 ///     registry: "docker.io".into(),
 ///     repository: "busybox".into(),
 ///     tag: None,
@@ -151,12 +159,12 @@ pub enum ImageRef {
 impl ImageRef {
     /// Parses a reference. Unqualified registry references use `default_registry`; when
     /// that is Docker Hub, single-component repositories get the `library/` prefix.
-    pub fn parse(s: &str, default_registry: &str) -> Result<ImageRef, crate::Error> {
-        parse(s, default_registry).map_err(crate::Error::from)
+    pub fn parse(s: &str, default_registry: &str) -> Result<ImageRef, ReferenceError> {
+        parse(s, default_registry)
     }
 
     /// The manifest digest, for registry references that pin one.
-    pub(crate) fn pinned_digest(&self) -> Option<Digest> {
+    pub fn pinned_digest(&self) -> Option<Digest> {
         match self {
             ImageRef::Registry {
                 digest: Some(d), ..

@@ -8,24 +8,23 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-use crate::ImageConfig;
 use crate::digest::{Digest, DigestError, truncate};
+use crate::kind::ErrorKind;
 
 /// Size cap for manifests, indexes, index.json and image configs.
-pub(crate) const MAX_METADATA_BYTES: u64 = 4 << 20;
+pub const MAX_METADATA_BYTES: u64 = 4 << 20;
 
-pub(crate) const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-pub(crate) const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-pub(crate) const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-pub(crate) const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
-pub(crate) const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
-pub(crate) const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
 /// The `Accept` list sent to registries.
-pub(crate) const ACCEPTED_MANIFESTS: &[&str] =
-    &[OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST];
+pub const ACCEPTED_MANIFESTS: &[&str] = &[OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST];
 
 /// The annotation an OCI layout's index.json uses for tags.
-pub(crate) const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
+pub const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
 
 /// A manifest, index or config that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -98,14 +97,27 @@ pub enum UnsupportedManifest {
 }
 
 impl ManifestError {
-    pub(crate) fn kind(&self) -> crate::ErrorKind {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            ManifestError::NoPlatform { .. } | ManifestError::WrongOs { .. } => {
-                crate::ErrorKind::NotFound
-            }
-            _ => crate::ErrorKind::Corrupt,
+            ManifestError::NoPlatform { .. } | ManifestError::WrongOs { .. } => ErrorKind::NotFound,
+            _ => ErrorKind::Corrupt,
         }
     }
+}
+
+/// The parts of an image config a run needs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageConfig {
+    /// `Entrypoint`.
+    pub entrypoint: Vec<String>,
+    /// `Cmd`.
+    pub cmd: Vec<String>,
+    /// `Env` (`NAME=value`).
+    pub env: Vec<String>,
+    /// `WorkingDir` (empty: `/`).
+    pub working_dir: String,
+    /// `User` (`uid[:gid]` or names; empty: root).
+    pub user: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -122,7 +134,7 @@ struct RawDescriptor {
 }
 
 #[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
-pub(crate) struct Platform {
+pub struct Platform {
     #[serde(default)]
     pub architecture: String,
     #[serde(default)]
@@ -148,7 +160,7 @@ struct RawManifest {
 
 /// A validated content descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Descriptor {
+pub struct Descriptor {
     pub media_type: String,
     pub digest: Digest,
     pub size: u64,
@@ -158,26 +170,26 @@ pub(crate) struct Descriptor {
 
 /// A single-platform image manifest.
 #[derive(Debug, Clone)]
-pub(crate) struct ImageManifest {
+pub struct ImageManifest {
     pub config: Descriptor,
     pub layers: Vec<Descriptor>,
 }
 
 /// An image index or Docker manifest list (also the shape of an OCI layout's index.json).
 #[derive(Debug, Clone)]
-pub(crate) struct Index {
+pub struct Index {
     pub manifests: Vec<Descriptor>,
 }
 
 #[derive(Debug, Clone)]
-pub(crate) enum Manifest {
+pub enum Manifest {
     Image(ImageManifest),
     Index(Index),
 }
 
 /// Layer compression, from the layer media type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Compression {
+pub enum Compression {
     None,
     Gzip,
     Zstd,
@@ -208,7 +220,7 @@ fn descriptor(
 }
 
 /// Parses a manifest or index whose bytes have already been verified against `digest`.
-pub(crate) fn parse_manifest(bytes: &[u8], digest: &Digest) -> Result<Manifest, ManifestError> {
+pub fn parse_manifest(bytes: &[u8], digest: &Digest) -> Result<Manifest, ManifestError> {
     let ctx = digest.to_string();
     let raw: RawManifest = serde_json::from_slice(bytes).map_err(|err| ManifestError::Json {
         what: "manifest",
@@ -286,7 +298,7 @@ pub(crate) fn parse_manifest(bytes: &[u8], digest: &Digest) -> Result<Manifest, 
 }
 
 /// Parses an OCI layout's index.json (no digest of its own: `ctx` names the file).
-pub(crate) fn parse_index(bytes: &[u8], ctx: &str) -> Result<Index, ManifestError> {
+pub fn parse_index(bytes: &[u8], ctx: &str) -> Result<Index, ManifestError> {
     let raw: RawManifest = serde_json::from_slice(bytes).map_err(|err| ManifestError::Json {
         what: "index",
         digest: ctx.to_owned(),
@@ -317,7 +329,7 @@ fn parse_index_raw(
 
 /// How a layer is compressed, from its media type; `None` for a media type that is not
 /// a layer fnrun can unpack.
-pub(crate) fn layer_compression(media_type: &str) -> Option<Compression> {
+pub fn layer_compression(media_type: &str) -> Option<Compression> {
     match media_type {
         "application/vnd.oci.image.layer.v1.tar"
         | "application/vnd.oci.image.layer.nondistributable.v1.tar"
@@ -333,7 +345,7 @@ pub(crate) fn layer_compression(media_type: &str) -> Option<Compression> {
 }
 
 /// The OCI architecture name of this host.
-pub(crate) fn host_arch() -> &'static str {
+pub fn host_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -345,7 +357,7 @@ pub(crate) fn host_arch() -> &'static str {
 }
 
 /// Chooses the linux manifest for this host's architecture from an index.
-pub(crate) fn select_platform(index: &Index, ctx: &str) -> Result<Descriptor, ManifestError> {
+pub fn select_platform(index: &Index, ctx: &str) -> Result<Descriptor, ManifestError> {
     let arch = host_arch();
     let candidates: Vec<&Descriptor> = index
         .manifests
@@ -430,14 +442,14 @@ struct RawRootfs {
 
 /// The parts of an image config fnrun uses.
 #[derive(Debug, Clone)]
-pub(crate) struct ParsedConfig {
+pub struct ParsedConfig {
     pub config: ImageConfig,
     pub diff_ids: Vec<Digest>,
 }
 
 /// Parses an image config whose bytes have already been verified against `digest`,
 /// checking that it has one diff_id per manifest layer.
-pub(crate) fn parse_config(
+pub fn parse_config(
     bytes: &[u8],
     digest: &Digest,
     layer_count: usize,
@@ -558,7 +570,7 @@ mod tests {
         ];
         for m in cases {
             let err = parse_manifest(m.as_bytes(), &Digest::of(m.as_bytes())).expect_err(&m);
-            assert_eq!(err.kind(), crate::ErrorKind::Corrupt, "{m}: {err}");
+            assert_eq!(err.kind(), ErrorKind::Corrupt, "{m}: {err}");
         }
     }
 
@@ -610,7 +622,7 @@ mod tests {
             manifests: index.manifests[..2].to_vec(),
         };
         let err = select_platform(&only_other, "idx").unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::NotFound);
+        assert_eq!(err.kind(), ErrorKind::NotFound);
         let msg = err.to_string();
         assert!(
             msg.contains(&format!("linux/{arch}")) && msg.contains("linux/s390x"),
@@ -636,7 +648,7 @@ mod tests {
         assert_eq!(parsed.diff_ids[0].to_string(), d(4));
         assert_eq!(
             parse_config(c.as_bytes(), &digest, 2).unwrap_err().kind(),
-            crate::ErrorKind::Corrupt
+            ErrorKind::Corrupt
         );
 
         let windows = r#"{"os":"windows","rootfs":{"type":"layers","diff_ids":[]}}"#;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::CaBundleError;
+use super::error::CaBundleError;
 
 /// Time a plain-HTTP probe of a loopback or insecure registry may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use oci_client::errors::{OciDistributionError, OciEnvelope, OciErrorCode};
 
-use super::Repo;
+use super::repo::Repo;
 use crate::digest::truncate;
 
 /// A registry request that failed. Messages never include credentials.
@@ -85,7 +85,8 @@ pub enum CaBundleError {
 }
 
 impl RegistryError {
-    pub(crate) fn kind(&self) -> crate::ErrorKind {
+    /// Its class.
+    pub fn kind(&self) -> crate::ErrorKind {
         use crate::ErrorKind as K;
         match self {
             RegistryError::NotFound { .. } => K::NotFound,

@@ -31,7 +31,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::{Cache, Credentials, ImageRef};
+use crate::auth::Credentials;
+use crate::reference::ImageRef;
 use base64::Engine;
 use serde_json::{Map, Value};
 
@@ -115,11 +116,15 @@ struct Helpers {
     timeout: Duration,
 }
 
-/// Credentials for `image` from the docker config file of this process's environment;
-/// anonymous for `oci:` images, registries without an entry and when there is no file.
-pub fn credentials_for_image(cache: &Cache, image: &str) -> Result<Credentials, DockerConfigError> {
+/// Credentials for `image` (unqualified, it names `default_registry`: the cache's) from
+/// the docker config file of this process's environment; anonymous for `oci:` images,
+/// registries without an entry and when there is no file.
+pub fn credentials_for_image(
+    default_registry: &str,
+    image: &str,
+) -> Result<Credentials, DockerConfigError> {
     // A malformed reference is reported by the run or pull itself.
-    let Ok(ImageRef::Registry { registry, .. }) = cache.parse_reference(image) else {
+    let Ok(ImageRef::Registry { registry, .. }) = ImageRef::parse(image, default_registry) else {
         return Ok(Credentials::Anonymous);
     };
     let Some(path) = config_path(std::env::var_os("DOCKER_CONFIG"), std::env::var_os("HOME"))
@@ -136,20 +141,20 @@ pub fn credentials_for_image(cache: &Cache, image: &str) -> Result<Credentials, 
 /// Credentials for `image` from `authfile` (`--authfile`) when given, else
 /// from the docker config file of this process's environment.
 pub fn credentials(
-    cache: &Cache,
+    default_registry: &str,
     image: &str,
     authfile: Option<&Path>,
 ) -> Result<Credentials, DockerConfigError> {
     match authfile {
-        Some(path) => credentials_from_docker_config(cache, image, path),
-        None => credentials_for_image(cache, image),
+        Some(path) => credentials_from_docker_config(default_registry, image, path),
+        None => credentials_for_image(default_registry, image),
     }
 }
 
 /// Credentials for `image` from the docker config file at `path` (`auths`,
 /// `credHelpers`, `credsStore`); a missing file is an error.
 pub fn credentials_from_docker_config(
-    cache: &Cache,
+    default_registry: &str,
     image: &str,
     path: &Path,
 ) -> Result<Credentials, DockerConfigError> {
@@ -157,7 +162,7 @@ pub fn credentials_from_docker_config(
         path: std::env::var_os("PATH"),
         timeout: HELPER_TIMEOUT,
     };
-    credentials_from_named_file(cache, image, path, Some(&helpers))
+    credentials_from_named_file(default_registry, image, path, Some(&helpers))
 }
 
 /// Credentials for `image` from the `.dockerconfigjson` of a
@@ -165,20 +170,20 @@ pub fn credentials_from_docker_config(
 /// kubelet reads a pull secret (no credential helper is run); a missing file
 /// is an error.
 pub fn credentials_from_pull_secret(
-    cache: &Cache,
+    default_registry: &str,
     image: &str,
     path: &Path,
 ) -> Result<Credentials, DockerConfigError> {
-    credentials_from_named_file(cache, image, path, None)
+    credentials_from_named_file(default_registry, image, path, None)
 }
 
 fn credentials_from_named_file(
-    cache: &Cache,
+    default_registry: &str,
     image: &str,
     path: &Path,
     helpers: Option<&Helpers>,
 ) -> Result<Credentials, DockerConfigError> {
-    let Ok(ImageRef::Registry { registry, .. }) = cache.parse_reference(image) else {
+    let Ok(ImageRef::Registry { registry, .. }) = ImageRef::parse(image, default_registry) else {
         return Ok(Credentials::Anonymous);
     };
     if let Err(err) = std::fs::metadata(path) {
