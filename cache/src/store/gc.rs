@@ -19,8 +19,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::fcntl::FlockArg;
 
+use super::dir::{RefFile, Store, StoreError, fsync_dir, io_err, lock};
 use super::lease::LeaseFile;
-use super::{RefFile, Store, StoreError, fsync_dir, io_err, lock};
 use crate::unpack::{LayerStats, remove_tree};
 use fnrun_registry::digest::{Digest, Hasher};
 use fnrun_registry::manifest::{self, MAX_METADATA_BYTES, Manifest};

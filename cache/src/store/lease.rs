@@ -19,7 +19,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, RenameFlags, renameat2};
 use serde::{Deserialize, Serialize};
 
-use super::{Store, StoreError, io_err, lock, write_new};
+use super::dir::{Store, StoreError, io_err, lock, write_new};
 use crate::image::Image;
 use fnrun_registry::digest::Digest;
 

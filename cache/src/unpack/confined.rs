@@ -11,9 +11,11 @@
 //! can fill a directory whose mode is 0555; the layer root keeps 0755.
 
 use std::cmp::Reverse;
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -25,9 +27,10 @@ use nix::sys::stat::{
 use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fchownat, linkat, symlinkat, unlinkat};
 
+use super::fail::{Fail, fs, lossy};
 use super::meta::{Meta, join, normalize};
+use super::reason::{CorruptLayer, HostileEntry};
 use super::remove::remove_tree_at;
-use super::{CorruptLayer, Fail, HostileEntry, fs, lossy, os};
 use crate::config::LayerOwner;
 
 /// The whiteout device number.
@@ -416,6 +419,11 @@ fn set_mtime_at(dir: BorrowedFd<'_>, name: &[u8], mtime: i64) -> Result<(), Fail
     let t = timespec(mtime);
     utimensat(dir, os(name), &t, &t, UtimensatFlags::NoFollowSymlink)
         .map_err(|e| Fail::Fs("set mtime of", e.into(), false))
+}
+
+/// A name from the tar as the `OsStr` the `*at` calls take.
+fn os(b: &[u8]) -> &OsStr {
+    OsStr::from_bytes(b)
 }
 
 #[cfg(test)]

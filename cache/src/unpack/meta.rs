@@ -5,11 +5,9 @@ use std::io::Read;
 
 use tar::EntryType;
 
-use super::{CorruptLayer, Fail, HostileEntry, lossy};
+use super::fail::{Fail, lossy};
+use super::reason::{CorruptLayer, HostileEntry, MAX_DEPTH};
 
-/// The most path components an entry may have. Legitimate images stay far below; the
-/// cap bounds recursion and open fds when removing a tree.
-pub(super) const MAX_DEPTH: usize = 256;
 /// Caps for GNU long name/link entries and PAX extended headers (read into memory).
 pub(super) const MAX_LONG_NAME: u64 = 64 << 10;
 pub(super) const MAX_PAX_HEADER: u64 = 1 << 20;

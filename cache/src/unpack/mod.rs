@@ -25,25 +25,26 @@
 //! directory) and `remove` (tree removal); this file reads the members and dispatches.
 
 mod confined;
+mod fail;
 mod meta;
+mod reason;
 mod remove;
 mod stream;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use nix::errno::Errno;
 use tar::EntryType;
 
 use self::confined::LayerTree;
+use self::fail::{Fail, lossy};
 use self::meta::{
-    Extensions, MAX_DEPTH, MAX_LONG_NAME, MAX_PAX_HEADER, Meta, normalize, read_capped, trim_nuls,
+    Extensions, MAX_LONG_NAME, MAX_PAX_HEADER, Meta, normalize, read_capped, trim_nuls,
 };
+pub use self::reason::{CorruptLayer, HostileEntry};
 pub(crate) use self::remove::remove_tree;
 pub(crate) use self::stream::{Budget, Exceeded};
 use crate::config::LayerOwner;
@@ -88,58 +89,6 @@ pub enum UnpackError {
         path: PathBuf,
         err: io::Error,
     },
-}
-
-/// Why an entry of a layer is refused: it tries to reach outside the layer.
-#[derive(Debug, thiserror::Error)]
-pub enum HostileEntry {
-    #[error("the path leaves the layer root")]
-    LeavesRoot,
-    #[error("the path contains a NUL byte")]
-    NulByte,
-    #[error("the path is deeper than {MAX_DEPTH} components")]
-    TooDeep,
-    #[error("a non-directory entry names the layer root")]
-    NamesRoot,
-    #[error("a whiteout must name one file in its directory")]
-    WhiteoutName,
-    #[error("a hard link to the layer root")]
-    LinkToRoot,
-    #[error("a hard link named like the layer root")]
-    LinkNamedRoot,
-    #[error("hard link target \"{0}\" is not in this layer")]
-    LinkOutside(String),
-    #[error("hard link target \"{0}\" is a directory")]
-    LinkToDirectory(String),
-}
-
-/// Why a layer cannot be read as a tar stream.
-#[derive(Debug, thiserror::Error)]
-pub enum CorruptLayer {
-    #[error("cannot read the blob: {0}")]
-    Blob(io::Error),
-    #[error("cannot start zstd decompression: {0}")]
-    Zstd(io::Error),
-    #[error("cannot read the tar stream: {0}")]
-    Stream(io::Error),
-    #[error("{what} is larger than {limit} bytes")]
-    Oversized { what: &'static str, limit: u64 },
-    #[error("invalid size in the tar header: {0}")]
-    HeaderSize(io::Error),
-    #[error("invalid PAX header: {0}")]
-    Pax(io::Error),
-    #[error("invalid PAX {0} value")]
-    PaxValue(String),
-    #[error("a PAX size different from the header size is not supported")]
-    PaxSize,
-    #[error("sparse files are not supported")]
-    Sparse,
-    #[error("the tar stream ends inside a file ({written} of {size} bytes)")]
-    Truncated { written: u64, size: u64 },
-    #[error("a symlink without a valid target")]
-    SymlinkTarget,
-    #[error("a hard link without a target")]
-    LinkTarget,
 }
 
 impl UnpackError {
@@ -272,49 +221,6 @@ struct Unpacker<'b> {
     budget: &'b Budget,
     entries: u64,
     ignored_xattrs: bool,
-}
-
-/// An entry-level failure before it is given the entry's name.
-enum Fail {
-    Hostile(HostileEntry),
-    Corrupt(CorruptLayer),
-    Exceeded(Exceeded),
-    Stream(io::Error),
-    Fs(&'static str, io::Error, bool),
-}
-
-impl From<Exceeded> for Fail {
-    fn from(e: Exceeded) -> Fail {
-        Fail::Exceeded(e)
-    }
-}
-
-/// `fs(op)` turns an errno into a failure, deciding whether the layer's content caused it.
-fn fs(op: &'static str) -> impl Fn(Errno) -> Fail {
-    move |e| {
-        let from_layer = matches!(
-            e,
-            Errno::ENOTDIR
-                | Errno::EEXIST
-                | Errno::ELOOP
-                | Errno::EXDEV
-                | Errno::ENOENT
-                | Errno::EISDIR
-                | Errno::EMLINK
-                | Errno::ENAMETOOLONG
-                | Errno::EINVAL
-                | Errno::ENOTEMPTY
-        );
-        Fail::Fs(op, e.into(), from_layer)
-    }
-}
-
-fn lossy(b: &[u8]) -> String {
-    fnrun_registry::digest::truncate(&String::from_utf8_lossy(b))
-}
-
-fn os(b: &[u8]) -> &OsStr {
-    OsStr::from_bytes(b)
 }
 
 impl Unpacker<'_> {

@@ -4,14 +4,13 @@
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{FchmodatFlags, Mode, fchmodat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
-
-use super::os;
 
 /// Removes `path` and everything below it without following symlinks, making
 /// directories writable first (a rootless layer may contain 0555 directories).
@@ -63,7 +62,7 @@ pub(super) fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result
         }
     }
     for n in names {
-        remove_tree_at(dup.as_fd(), os(&n))?;
+        remove_tree_at(dup.as_fd(), OsStr::from_bytes(&n))?;
     }
     match unlinkat(parent, name, UnlinkatFlags::RemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => Ok(()),

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::CorruptLayer;
+use super::reason::CorruptLayer;
 use fnrun_registry::digest::{Digest, Hasher, HashingReader};
 
 /// Unpacked bytes and entry limits shared by the layers of one image.
