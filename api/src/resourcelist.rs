@@ -22,11 +22,15 @@
 //! `results.yaml`. [`is_resource_list`] tells a ResourceList from another
 //! document by its `kind`.
 
+mod fields;
 pub mod kpt;
 mod results;
 
 use serde_norway::{Mapping, Value};
 
+pub use self::fields::ShapeError;
+use self::fields::{optional_str, shape};
+use self::results::ResultsError;
 pub use self::results::{Field, File, ResourceRef, ResultError, ResultItem, Severity, summary};
 use crate::yaml::{DocumentError, Quoted, YamlError, kind_name, parse_mapping, parse_mappings};
 
@@ -145,16 +149,13 @@ impl From<DocumentError> for Error {
     }
 }
 
-/// A field whose value has the wrong kind.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field} is a {found}, expected {expected}")]
-pub struct ShapeError {
-    /// The field's path within its object.
-    pub field: &'static str,
-    /// The kind of value found.
-    pub found: &'static str,
-    /// The kind of value allowed.
-    pub expected: &'static str,
+impl From<ResultsError> for Error {
+    fn from(err: ResultsError) -> Self {
+        match err {
+            ResultsError::Shape(err) => Self::Shape(err),
+            ResultsError::Result { index, reason } => Self::Result { index, reason },
+        }
+    }
 }
 
 /// Why an item is not a KRM object.
@@ -325,14 +326,6 @@ fn required_str<'a>(doc: &'a Mapping, field: &'static str) -> Result<&'a str, Er
     }
 }
 
-pub(crate) fn shape(field: &'static str, found: &Value, expected: &'static str) -> ShapeError {
-    ShapeError {
-        field,
-        found: kind_name(found),
-        expected,
-    }
-}
-
 /// Checks that an item is a KRM object, as kpt's `IsKRM` does: `apiVersion`,
 /// `kind` and `metadata.name` are non-empty strings. Kustomization files
 /// (`apiVersion` in `kustomize.config.k8s.io`, or no `apiVersion` and `kind:
@@ -363,19 +356,6 @@ fn check_item(item: Value) -> Result<Mapping, ItemError> {
         return Err(ItemError::Missing("metadata.name"));
     }
     Ok(item)
-}
-
-/// A string field that may be absent or null.
-pub(crate) fn optional_str<'a>(
-    mapping: &'a Mapping,
-    key: &str,
-    field: &'static str,
-) -> Result<Option<&'a str>, ShapeError> {
-    match mapping.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(shape(field, other, "a string")),
-    }
 }
 
 #[cfg(test)]

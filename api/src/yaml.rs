@@ -31,6 +31,12 @@ impl From<serde_norway::Error> for YamlError {
     }
 }
 
+impl From<bounds::BoundsError> for YamlError {
+    fn from(err: bounds::BoundsError) -> Self {
+        YamlError(err.to_string())
+    }
+}
+
 /// A value quoted in an error message: `"text"`, cut to [`MAX_QUOTED`] bytes
 /// (head and tail) with the bytes left out said.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::fmt;
 use serde::Serialize;
 use serde_norway::{Mapping, Value};
 
-use super::{Error, ShapeError, optional_str, shape};
+use super::fields::{ShapeError, optional_str, shape};
 use crate::yaml::{Quoted, kind_name, truncate};
 
 /// One result reported by a function.
@@ -170,8 +170,18 @@ pub enum ResultError {
     Severity(Quoted),
 }
 
+/// Why a ResourceList's `results` cannot be read (the ResourceList's
+/// [`super::Error`] says it as its `Shape` and `Result` variants).
+#[derive(Debug)]
+pub(super) enum ResultsError {
+    /// `results` is not a sequence.
+    Shape(ShapeError),
+    /// A result has the wrong shape.
+    Result { index: usize, reason: ResultError },
+}
+
 /// Reads a ResourceList's `results`.
-pub(super) fn parse(results: &Value) -> Result<Vec<ResultItem>, Error> {
+pub(super) fn parse(results: &Value) -> Result<Vec<ResultItem>, ResultsError> {
     let items = match results {
         Value::Null => return Ok(Vec::new()),
         Value::Sequence(items) => items,
@@ -179,14 +189,16 @@ pub(super) fn parse(results: &Value) -> Result<Vec<ResultItem>, Error> {
         Value::Mapping(wrapper) => match wrapper.get("items") {
             Some(Value::Sequence(items)) => items,
             Some(Value::Null) => return Ok(Vec::new()),
-            _ => return Err(shape("results", results, "a sequence").into()),
+            _ => return Err(ResultsError::Shape(shape("results", results, "a sequence"))),
         },
-        other => return Err(shape("results", other, "a sequence").into()),
+        other => return Err(ResultsError::Shape(shape("results", other, "a sequence"))),
     };
     items
         .iter()
         .enumerate()
-        .map(|(index, item)| parse_item(item).map_err(|reason| Error::Result { index, reason }))
+        .map(|(index, item)| {
+            parse_item(item).map_err(|reason| ResultsError::Result { index, reason })
+        })
         .collect()
 }
 
@@ -309,9 +321,10 @@ fn parse_tags(tags: &Mapping) -> Result<BTreeMap<String, String>, ShapeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resourcelist::Error;
 
     fn parse_str(results: &str) -> Result<Vec<ResultItem>, Error> {
-        parse(&serde_norway::from_str(results).unwrap())
+        Ok(parse(&serde_norway::from_str(results).unwrap())?)
     }
 
     #[test]

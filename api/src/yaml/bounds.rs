@@ -29,7 +29,7 @@ use std::mem::MaybeUninit;
 
 use unsafe_libyaml_norway as unsafe_libyaml;
 
-use super::YamlError;
+use crate::text;
 
 /// The deepest a node may be nested in collections (sequences and mappings,
 /// flow or block, aliases followed): serde_norway's recursion limit.
@@ -58,12 +58,6 @@ pub enum BoundsError {
     RecursiveAlias { anchor: String, line: u64 },
     #[error("more than one document (the second starts at line {line})")]
     MoreThanOneDocument { line: u64 },
-}
-
-impl From<BoundsError> for YamlError {
-    fn from(err: BoundsError) -> Self {
-        YamlError(err.to_string())
-    }
 }
 
 /// What an anchor names, once its node is complete.
@@ -166,7 +160,7 @@ fn check_documents(doc: &[u8], stream: bool) -> Result<(), BoundsError> {
                 None => return Ok(()),
                 Some(Anchored::Open) => {
                     return Err(BoundsError::RecursiveAlias {
-                        anchor: super::truncate(&String::from_utf8_lossy(&anchor), 64).into_owned(),
+                        anchor: text::bounded(&String::from_utf8_lossy(&anchor), 64).into_owned(),
                         line,
                     });
                 }
