@@ -4,6 +4,7 @@ use std::process::Command;
 use std::collections::BTreeSet;
 
 use super::*;
+use crate::profile::ARCHES;
 
 /// Set in the environment of the re-executed test binary that runs
 /// [`probe_under_filter`] with the default program installed.
