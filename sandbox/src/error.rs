@@ -104,7 +104,7 @@ pub enum SpecError {
     NulByte { what: &'static str, start: String },
     #[error("{0} is not UTF-8")]
     NotUtf8(PathBuf),
-    #[error("the image has {0} layers; overlayfs stacks at most {max}", max = crate::overlay::MAX_LAYERS)]
+    #[error("the image has {0} layers; overlayfs stacks at most {max}", max = crate::spec::MAX_LAYERS)]
     TooManyLayers(usize),
     #[error("layer path {0} cannot be an overlay lower directory")]
     BadLayerPath(PathBuf),

@@ -3,15 +3,7 @@
 use std::io::Write;
 
 use crate::error::SpecError;
-
-/// A host user mapped into one run besides the sandbox's own ids, so that the
-/// function can act on the host as that user: on a writable bind mount, the
-/// files it makes are theirs (kpt's `--as-current-user`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostUser {
-    pub uid: u32,
-    pub gid: u32,
-}
+use crate::spec::HostUser;
 
 /// How ids inside the sandbox map to the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,6 +34,7 @@
 
 mod cgroup;
 mod config;
+mod cstr;
 mod error;
 mod idmap;
 mod init;
@@ -53,13 +54,13 @@ mod sys;
 pub use crate::cgroup::{CgroupBase, CgroupConfig, CgroupError, Version as CgroupVersion};
 pub use crate::config::SandboxConfig;
 pub use crate::error::{Error, SpecError};
-pub use crate::idmap::{HostUser, IdMap};
+pub use crate::idmap::IdMap;
 pub use crate::limits::{Enforcement, LimitSupport};
 pub use crate::mounts::{BindMount, MAX_MOUNTS, MountError, QuotedPath, RESERVED_TARGETS};
 pub use crate::overlay::OverlayMount;
 pub use crate::run::{Outcome, Status};
 pub use crate::service::{ExitWatch, Service, ServiceExit};
-pub use crate::spec::{DEFAULT_PATH, Limits, Network, RunSpec};
+pub use crate::spec::{DEFAULT_PATH, HostUser, Limits, Network, RunSpec};
 
 /// Serves as the sandbox's spawner process if this process was started as one
 /// (see [`SandboxConfig::spawner_exe`]), and never returns then; returns at

@@ -23,8 +23,9 @@ use nix::errno::Errno;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cstr::{cstring, path_str};
 use crate::error::{Error, SpecError};
-use crate::plan::{cstring, path_str};
+use crate::spec::MAX_LAYERS;
 use crate::sys;
 
 /// How each run's overlay root is mounted.
@@ -39,8 +40,6 @@ pub enum OverlayMount {
     Legacy,
 }
 
-/// The most layers overlayfs stacks (`OVL_MAX_STACK`).
-pub const MAX_LAYERS: usize = 500;
 /// mount(2) copies at most a page of options, NUL included.
 const MAX_OPTIONS: usize = 4095;
 /// The longest string `fsconfig` takes (the kernel copies 256 bytes, NUL

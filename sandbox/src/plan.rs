@@ -8,10 +8,10 @@
 //! descriptors and the seccomp program, which travel apart.
 
 use std::ffi::CString;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cstr::cstring;
 use crate::error::{Error, SpecError};
 use crate::steps::{self, Step};
 use crate::{DEFAULT_PATH, RunSpec, SandboxConfig};
@@ -120,22 +120,4 @@ pub(crate) fn plan(
         last_cap,
         seccomp: config.seccomp.is_some(),
     })
-}
-
-/// `bytes` as a C string; `what` names it in the error if it has a NUL byte.
-pub(crate) fn cstring(what: &'static str, bytes: &[u8]) -> Result<CString, Error> {
-    CString::new(bytes).map_err(|_| {
-        // The message quotes the start only: an environment variable may
-        // be 128 KiB.
-        let text = String::from_utf8_lossy(bytes);
-        let start: String = text.chars().take(64).collect();
-        SpecError::NulByte { what, start }.into()
-    })
-}
-
-/// A path that must be UTF-8 (it goes into mount options).
-pub(crate) fn path_str(path: &Path) -> Result<String, Error> {
-    path.to_str()
-        .map(str::to_owned)
-        .ok_or_else(|| SpecError::NotUtf8(path.to_owned()).into())
 }

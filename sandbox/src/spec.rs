@@ -4,12 +4,23 @@
 
 use std::path::PathBuf;
 
-use crate::idmap::HostUser;
 use crate::mounts::BindMount;
 
 /// The `PATH` of a run whose environment has none, and the one container
 /// runtimes give images without an `Env` of their own.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The most layers a run's root stacks: overlayfs's own limit (`OVL_MAX_STACK`).
+pub const MAX_LAYERS: usize = 500;
+
+/// A host user mapped into one run besides the sandbox's own ids, so that the
+/// function can act on the host as that user: on a writable bind mount, the
+/// files it makes are theirs (kpt's `--as-current-user`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostUser {
+    pub uid: u32,
+    pub gid: u32,
+}
 
 /// Network access of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

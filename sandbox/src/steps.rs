@@ -25,10 +25,10 @@ use std::os::fd::RawFd;
 use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
 
+use crate::cstr::{cstring, path_str};
 use crate::error::{Error, SpecError};
 use crate::mounts::MAX_MOUNTS;
 use crate::overlay::{self, Overlay};
-use crate::plan::{cstring, path_str};
 use crate::{Network, RunSpec, SandboxConfig, sys};
 
 /// One step of building the root filesystem, run by init in order.
