@@ -18,15 +18,16 @@
 //!
 //! The crate is a pipeline, one module a stage:
 //! - `spec`, `config`: what a run is, and the settings of every run;
-//! - `plan`, `steps`, `overlay`: the pure planner (what init will do, as C
-//!   strings prepared before the clone);
+//! - `plan`, `steps`, `overlay`, `cstr`: the pure planner (what init will
+//!   do, as C strings prepared before the clone);
 //! - `init`: the child side, from clone to exec, and its typed reports;
 //! - `launch`: the launcher seam (the spawner process, or a direct clone)
 //!   over the one clone routine; `cgroup`, `limits`, `idmap`: what the
 //!   parent sets up around it;
-//! - `process`: launch, placement, id maps and release, then the guard that
-//!   kills, reaps and cleans up; `run` and `service`: the two kinds of run;
-//!   `stdio`: their pipes;
+//! - `sandbox`: the [`Sandbox`] and what it sets up once; `process`:
+//!   launch, placement, id maps and release, then the guard that kills,
+//!   reaps and cleans up, and how a run ended; `run` and `service`: the two
+//!   kinds of run; `stdio`: their pipes;
 //! - `sys`: every raw system call.
 //!
 //! `docs/sandbox.md` walks through the sequence and says why each step is
@@ -45,6 +46,7 @@ mod overlay;
 mod plan;
 mod process;
 mod run;
+mod sandbox;
 mod service;
 mod spec;
 mod stdio;
@@ -58,7 +60,9 @@ pub use crate::idmap::IdMap;
 pub use crate::limits::{Enforcement, LimitSupport};
 pub use crate::mounts::{BindMount, MAX_MOUNTS, MountError, QuotedPath, RESERVED_TARGETS};
 pub use crate::overlay::OverlayMount;
-pub use crate::run::{Outcome, Status};
+pub use crate::process::Status;
+pub use crate::run::Outcome;
+pub use crate::sandbox::Sandbox;
 pub use crate::service::{ExitWatch, Service, ServiceExit};
 pub use crate::spec::{DEFAULT_PATH, HostUser, Limits, Network, RunSpec};
 
@@ -67,57 +71,6 @@ pub use crate::spec::{DEFAULT_PATH, HostUser, Limits, Network, RunSpec};
 /// once otherwise. Call it first thing in `main`.
 pub fn run_spawner_if_asked() {
     launch::spawner::run_if_asked();
-}
-
-/// Runs functions. Cheap to share: every run takes `&self`.
-#[derive(Debug)]
-pub struct Sandbox {
-    config: SandboxConfig,
-    /// Highest capability number of the running kernel.
-    last_cap: u32,
-    limiter: limits::Limiter,
-    launcher: Box<dyn launch::Launcher>,
-}
-
-impl Sandbox {
-    /// Checks the host, creates the scratch mount point, and removes the run
-    /// cgroups a crashed runner left behind.
-    pub fn new(config: SandboxConfig) -> Result<Self, Error> {
-        let scratch = &config.scratch_dir;
-        std::fs::create_dir_all(scratch).map_err(Error::io_at("create", scratch))?;
-        // The sandbox's root (a mapped id) must be able to reach the mount point.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o755))
-            .map_err(Error::io_at("chmod", scratch))?;
-        let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(63);
-        let limiter = limits::Limiter::new(&config.cgroup);
-        let launcher = launch::launcher(&config);
-        Ok(Sandbox {
-            config,
-            last_cap,
-            limiter,
-            launcher,
-        })
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &SandboxConfig {
-        &self.config
-    }
-
-    /// Which limits this host can enforce, and how: for the runner to log.
-    pub fn limit_support(&self) -> &LimitSupport {
-        self.limiter.support()
-    }
-
-    /// The spawner's pid, while one runs (see [`SandboxConfig::spawner`]).
-    #[cfg(test)]
-    pub(crate) fn spawner_pid(&self) -> Option<libc::pid_t> {
-        self.launcher.spawner_pid()
-    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,23 @@ use crate::error::Error;
 use crate::init::{InitFds, Report};
 use crate::launch;
 use crate::plan::{self, Plan};
-use crate::{RunSpec, Sandbox, Status, sys};
+use crate::{RunSpec, Sandbox, sys};
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// The function exited with this code.
+    Exited(i32),
+    /// The function was killed by this signal.
+    Signaled(i32),
+    /// The run passed its timeout and was killed.
+    TimedOut,
+    /// stdout passed `max_output_bytes` and the run was killed.
+    OutputTooLarge,
+    /// The kernel killed the run (or a process it could not do without) for
+    /// going over its memory limit.
+    OutOfMemory,
+}
 
 /// The parent's ends of a started run's pipes.
 pub(crate) struct ParentEnds {

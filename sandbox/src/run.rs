@@ -5,24 +5,8 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::init::Report;
-use crate::process::{self, Kind};
+use crate::process::{self, Kind, Status};
 use crate::{RunSpec, Sandbox, stdio};
-
-/// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// The function exited with this code.
-    Exited(i32),
-    /// The function was killed by this signal.
-    Signaled(i32),
-    /// The run passed its timeout and was killed.
-    TimedOut,
-    /// stdout passed `max_output_bytes` and the run was killed.
-    OutputTooLarge,
-    /// The kernel killed the run (or a process it could not do without) for
-    /// going over its memory limit.
-    OutOfMemory,
-}
 
 /// The result of a run that started.
 #[derive(Debug, Clone)]

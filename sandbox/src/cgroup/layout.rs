@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{CPU, CgroupError, CgroupFs, MEMORY, PIDS, Result};
+use super::driver::{CPU, CgroupError, CgroupFs, MEMORY, PIDS, Result};
 
 /// One mounted hierarchy and this process's cgroup in it.
 #[derive(Debug, Clone, PartialEq, Eq)]

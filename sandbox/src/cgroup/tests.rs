@@ -6,10 +6,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use super::driver::cpu_quota_us;
 use super::layout::{Hierarchy, Mount, unescape};
 use super::names::pid_namespace;
 use super::v2::{DAEMON_LEAF, V2};
 use super::*;
+use crate::spec::Limits;
 
 /// A cgroup v2 filesystem in a temp dir, behaving like the kernel's where the
 /// drivers rely on it: mkdir adds the interface files of the controllers the

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{
+use super::driver::{
     CPU, CPU_PERIOD_US, CgroupDriver, CgroupError, CgroupFs, Controllers, MEMORY, PIDS, Placement,
     Result, RunCgroup, Usage, Version, WrapPath, cpu_quota_us, delegation_hint, keyed, kill_pids,
     parse_pids, rmdir_retrying,

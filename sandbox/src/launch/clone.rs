@@ -5,9 +5,18 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 
-use super::Launched;
 use crate::init::{self, Init};
 use crate::sys;
+
+/// Init, cloned.
+#[derive(Debug)]
+pub(crate) struct Launched {
+    pub pid: libc::pid_t,
+    /// How the parent waits for and kills init without pid reuse races.
+    pub pidfd: OwnedFd,
+    /// Init started in the run's cgroup (no need to move it there).
+    pub placed: bool,
+}
 
 /// Where init starts, as descriptors: a cgroup's [`crate::cgroup::Placement`]
 /// in this process, or what the spawner received for it.

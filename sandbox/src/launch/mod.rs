@@ -8,94 +8,23 @@
 //! [`Placement`] into descriptors for it and maps its failures to errors.
 
 pub(crate) mod clone;
+mod seam;
 pub(crate) mod spawner;
 
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
+use std::os::fd::AsFd;
 
 use nix::errno::Errno;
 use nix::sys::wait::{Id, WaitPidFlag};
 
+pub(crate) use self::clone::Launched;
 use self::clone::{CloneError, Place};
+pub(crate) use self::seam::{Direct, Failure, Launcher, Request};
 pub(crate) use self::spawner::Spawner;
 use crate::cgroup::{CgroupError, Placement, RunCgroup};
 use crate::error::Error;
-use crate::init::{Init, InitFds};
+use crate::init::InitFds;
 use crate::plan::Plan;
 use crate::{Network, SandboxConfig};
-
-/// Init, cloned.
-#[derive(Debug)]
-pub(crate) struct Launched {
-    pub pid: libc::pid_t,
-    /// How the parent waits for and kills init without pid reuse races.
-    pub pidfd: OwnedFd,
-    /// Init started in the run's cgroup (no need to move it there).
-    pub placed: bool,
-}
-
-/// Why init was not cloned.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// The clone routine failed (in this process or in the spawner).
-    Init(CloneError),
-    /// The spawner died with the request.
-    SpawnerDied(Errno),
-}
-
-impl From<CloneError> for Failure {
-    fn from(e: CloneError) -> Self {
-        Failure::Init(e)
-    }
-}
-
-/// A request to clone init.
-pub(crate) struct Request<'a> {
-    pub plan: &'a Plan,
-    pub fds: InitFds,
-    pub network: Network,
-    pub place: Place<'a>,
-}
-
-/// Clones the init of a planned run.
-pub(crate) trait Launcher: std::fmt::Debug + Send + Sync {
-    fn clone_init(&self, request: &Request<'_>) -> Result<Launched, Failure>;
-
-    /// The spawner's pid, while one runs.
-    #[cfg(test)]
-    fn spawner_pid(&self) -> Option<libc::pid_t> {
-        None
-    }
-}
-
-/// Clones init from this process.
-#[derive(Debug)]
-pub(crate) struct Direct {
-    seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>,
-}
-
-impl Direct {
-    pub fn new(seccomp: Option<Arc<fnrun_seccomp::BpfProgram>>) -> Direct {
-        Direct { seccomp }
-    }
-
-    /// The seccomp program of every plan that wants one.
-    pub fn seccomp(&self) -> Option<&fnrun_seccomp::BpfProgram> {
-        self.seccomp.as_deref()
-    }
-}
-
-impl Launcher for Direct {
-    fn clone_init(&self, request: &Request<'_>) -> Result<Launched, Failure> {
-        let init = Init::new(request.plan, request.fds, self.seccomp.as_deref());
-        Ok(clone::clone_init(
-            &init,
-            request.network == Network::Isolated,
-            false,
-            &request.place,
-        )?)
-    }
-}
 
 /// The launcher `config` asks for.
 pub(crate) fn launcher(config: &SandboxConfig) -> Box<dyn Launcher> {

@@ -10,93 +10,21 @@
 //! wrapper taking pointers prepared by the parent.
 
 use std::ffi::CStr;
-use std::os::fd::RawFd;
 
 use nix::errno::Errno;
 
+mod fd;
 mod mount;
 mod net;
 mod process;
+mod ret;
 
+pub use fd::*;
 pub use mount::*;
 pub use net::*;
 pub use process::*;
-
-/// The result of a raw call: the errno on failure.
-pub type SysResult<T> = Result<T, Errno>;
-
-pub(crate) fn check(ret: libc::c_long) -> SysResult<libc::c_long> {
-    if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
-}
-
-/// A byte count a call returned (never negative once checked).
-pub(crate) fn to_len(ret: libc::c_long) -> SysResult<usize> {
-    usize::try_from(ret).map_err(|_| Errno::EOVERFLOW)
-}
-
-/// A descriptor or pid a call returned (they fit in an int).
-pub(crate) fn to_int(ret: libc::c_long) -> SysResult<libc::c_int> {
-    libc::c_int::try_from(ret).map_err(|_| Errno::EOVERFLOW)
-}
-
-pub(crate) fn check_int(ret: libc::c_int) -> SysResult<libc::c_int> {
-    if ret < 0 { Err(Errno::last()) } else { Ok(ret) }
-}
-
-pub fn read(fd: RawFd, buf: &mut [u8]) -> SysResult<usize> {
-    loop {
-        // SAFETY: buf is valid for buf.len() bytes of writes.
-        let ret = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        match check(ret as libc::c_long) {
-            Err(Errno::EINTR) => continue,
-            other => return other.and_then(to_len),
-        }
-    }
-}
-
-pub fn write_all(fd: RawFd, mut buf: &[u8]) -> SysResult<()> {
-    while !buf.is_empty() {
-        // SAFETY: buf is valid for buf.len() bytes of reads.
-        let ret = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
-        match check(ret as libc::c_long) {
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e),
-            Ok(n) => buf = &buf[to_len(n)?..],
-        }
-    }
-    Ok(())
-}
-
-pub fn close(fd: RawFd) {
-    // SAFETY: closing a descriptor number has no memory effects; errors are moot.
-    unsafe { libc::close(fd) };
-}
-
-pub fn dup2(old: RawFd, new: RawFd) -> SysResult<()> {
-    // SAFETY: plain descriptor syscall.
-    check_int(unsafe { libc::dup2(old, new) }).map(drop)
-}
-
-/// Closes descriptors `first..=last`.
-pub fn close_range(first: u32, last: u32) {
-    // SAFETY: plain syscall with integer arguments; failure leaves fds open,
-    // which only matters for descriptors init does not use.
-    unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
-}
-
-/// Marks every descriptor from `first` up close-on-exec (Linux 5.11).
-pub fn cloexec_from(first: u32) -> SysResult<()> {
-    // SAFETY: plain syscall with integer arguments.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            first,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    })
-    .map(drop)
-}
+pub use ret::SysResult;
+use ret::{check, check_int};
 
 pub fn setresuid(uid: u32) -> SysResult<()> {
     // SAFETY: raw syscall, deliberately bypassing glibc's all-thread broadcast.

@@ -5,7 +5,8 @@ use std::os::fd::RawFd;
 
 use nix::errno::Errno;
 
-use super::{SysResult, check, check_int, close, to_int};
+use super::fd::close;
+use super::ret::{SysResult, check, check_int, to_int};
 
 pub fn mount(
     source: Option<&CStr>,

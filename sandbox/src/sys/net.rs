@@ -5,7 +5,8 @@ use std::os::fd::RawFd;
 
 use nix::errno::Errno;
 
-use super::{SysResult, check, check_int, close};
+use super::fd::close;
+use super::ret::{SysResult, check, check_int, to_len};
 
 /// Brings up the loopback interface of the current network namespace.
 pub fn loopback_up() -> SysResult<()> {
@@ -42,7 +43,7 @@ pub fn recv(sock: RawFd, buf: &mut [u8]) -> SysResult<usize> {
         let ret = unsafe { libc::recv(sock, buf.as_mut_ptr().cast(), buf.len(), 0) };
         match check(ret as libc::c_long) {
             Err(Errno::EINTR) => continue,
-            other => return other.and_then(super::to_len),
+            other => return other.and_then(to_len),
         }
     }
 }

@@ -5,7 +5,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use nix::errno::Errno;
 
-use super::{SysResult, check, check_int, to_int};
+use super::fd::{close, dup2};
+use super::ret::{SysResult, check, check_int, to_int};
 
 /// `clone_args` for clone3(2); declared here because libc does not have it on
 /// every architecture.
@@ -162,11 +163,11 @@ pub fn stdio_to_null() -> SysResult<()> {
     let null = check_int(unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) })?;
     for fd in 0..3 {
         if fd != null {
-            super::dup2(null, fd)?;
+            dup2(null, fd)?;
         }
     }
     if null > 2 {
-        super::close(null);
+        close(null);
     }
     Ok(())
 }
@@ -276,7 +277,7 @@ pub fn exec_with_fd3(fd: RawFd, path: &CStr, argv: &[*const libc::c_char]) -> Er
         keep_on_exec(3)
     } else {
         // dup2's copy does not have FD_CLOEXEC.
-        super::dup2(fd, 3)
+        dup2(fd, 3)
     };
     if let Err(e) = moved {
         return e;

@@ -4,9 +4,14 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use super::{Counters, MAX_IDLE_SLOTS, RunV1};
-use crate::cgroup::{CgroupFs, Placement, Result, RunCgroup, Usage, WrapPath, write_command};
+use super::run::{Counters, RunV1};
+use crate::cgroup::driver::{
+    CgroupFs, Placement, Result, RunCgroup, Usage, WrapPath, write_command,
+};
 use crate::spec::Limits;
+
+/// Idle slots kept at most; more are removed when their runs end.
+pub(in crate::cgroup) const MAX_IDLE_SLOTS: usize = 64;
 
 /// Idle run cgroups, and where threads go back to (see the module's doc).
 #[derive(Debug)]

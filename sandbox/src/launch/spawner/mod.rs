@@ -43,27 +43,19 @@ use nix::sys::socket::{
     sendmsg, socketpair,
 };
 
-use self::protocol::{FailedAt, Header, Hello, MAX_REPLY, Reply};
+use self::protocol::{
+    FailedAt, Header, Hello, MAX_FDS, MAX_REPLY, MAX_REQUEST, Reply, SPAWNER_ARG,
+};
 pub use self::serve::run_if_asked;
-use super::clone::CloneError;
-use super::{Direct, Failure, Launched, Launcher, Request};
+use super::clone::{CloneError, Launched};
+use super::seam::{Direct, Failure, Launcher, Request};
 use crate::{Network, sys};
 
-/// The largest encoded request sent to the spawner; larger ones are cloned
-/// directly. Below the default socket buffer (`net.core.wmem_default`,
-/// 208 KiB), which bounds one `SOCK_SEQPACKET` message.
-const MAX_REQUEST: usize = 192 << 10;
-/// Most descriptors in one request: six of init's, a v2 cgroup, and the
-/// `tasks` files of a v1 slot and of home (five hierarchies each, with room
-/// to spare).
-const MAX_FDS: usize = 32;
 /// How long the runner waits for a reply before it gives the spawner up.
 const REPLY_TIMEOUT_SECS: i64 = 30;
 /// How many spawners may die before launches stop starting new ones (each
 /// leaves its parked thread until the sandbox is dropped).
 const MAX_RESTARTS: u32 = 16;
-/// The argument that makes a binary the spawner (see [`run_if_asked`]).
-const SPAWNER_ARG: &str = "__fnrun-spawner";
 
 /// The runner's handle on its spawner; a [`Launcher`].
 pub(crate) struct Spawner {

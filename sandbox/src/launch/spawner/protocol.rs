@@ -16,6 +16,17 @@ use crate::init::InitFds;
 use crate::launch::clone::Place;
 use crate::plan::Plan;
 
+/// The largest encoded request sent to the spawner; larger ones are cloned
+/// directly. Below the default socket buffer (`net.core.wmem_default`,
+/// 208 KiB), which bounds one `SOCK_SEQPACKET` message.
+pub(crate) const MAX_REQUEST: usize = 192 << 10;
+/// Most descriptors in one request: six of init's, a v2 cgroup, and the
+/// `tasks` files of a v1 slot and of home (five hierarchies each, with room
+/// to spare).
+pub(crate) const MAX_FDS: usize = 32;
+/// The argument that makes a binary the spawner (see `run_if_asked`).
+pub(crate) const SPAWNER_ARG: &str = "__fnrun-spawner";
+
 /// One seccomp instruction (`struct sock_filter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Instruction {

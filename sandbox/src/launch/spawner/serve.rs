@@ -7,8 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use nix::errno::Errno;
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 
-use super::protocol::{self, FailedAt, Hello, Reply};
-use super::{MAX_FDS, MAX_REQUEST, SPAWNER_ARG};
+use super::protocol::{self, FailedAt, Hello, MAX_FDS, MAX_REQUEST, Reply, SPAWNER_ARG};
 use crate::init::Init;
 use crate::launch::clone::{self, CloneError};
 use crate::sys;

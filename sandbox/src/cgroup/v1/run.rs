@@ -1,0 +1,230 @@
+//! The cgroups of one run on v1, one per hierarchy, and its usage counters:
+//! what the driver creates and the pool keeps. A leaf of `v1`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cgroup::driver::{
+    CPU, CPU_PERIOD_US, CgroupError, CgroupFs, MEMORY, PIDS, Result, RunCgroup, Usage, WrapPath,
+    cpu_quota_us, keyed, kill_pids, parse_pids, rmdir_retrying,
+};
+use crate::spec::Limits;
+
+/// One hierarchy: its controllers and the parent cgroup in it.
+#[derive(Debug, Clone)]
+pub(in crate::cgroup) struct Parent {
+    pub(in crate::cgroup) controllers: Vec<String>,
+    pub(in crate::cgroup) dir: PathBuf,
+}
+
+impl Parent {
+    pub(in crate::cgroup) fn has(&self, controller: &str) -> bool {
+        self.controllers.iter().any(|c| c == controller)
+    }
+}
+
+/// The cgroups of one run on v1, one per hierarchy.
+#[derive(Debug)]
+pub struct RunV1 {
+    pub(in crate::cgroup) fs: Arc<dyn CgroupFs>,
+    /// The directories not yet removed.
+    pub(in crate::cgroup) dirs: Vec<Parent>,
+}
+
+impl RunV1 {
+    pub(in crate::cgroup) fn dir(&self, controller: &str) -> Option<&Path> {
+        self.dirs
+            .iter()
+            .find(|d| d.has(controller))
+            .map(|d| d.dir.as_path())
+    }
+
+    pub(in crate::cgroup) fn path(&self, controller: &str, file: &str) -> Option<PathBuf> {
+        self.dir(controller).map(|d| d.join(file))
+    }
+
+    pub(in crate::cgroup) fn write(&self, controller: &str, file: &str, value: &str) -> Result<()> {
+        let dir = self
+            .dir(controller)
+            .ok_or_else(|| CgroupError::Unusable(format!("no cgroup v1 {controller} hierarchy")))?;
+        let path = dir.join(file);
+        self.fs.write(&path, value).wrap("write", &path)
+    }
+
+    pub(in crate::cgroup) fn read(&self, controller: &str, file: &str) -> Option<String> {
+        self.fs.read(&self.dir(controller)?.join(file)).ok()
+    }
+
+    /// Changes the limits from `from`, what the files hold now, to `to`,
+    /// writing only what differs. `None` is no limit.
+    pub(in crate::cgroup) fn apply(&self, from: &Limits, to: &Limits) -> Result<()> {
+        if to.memory_bytes != from.memory_bytes {
+            let value = to
+                .memory_bytes
+                .map_or_else(|| "-1".to_owned(), |b| b.to_string());
+            // memory+swap, when swap accounting is on: no swapping past the
+            // limit. It may never be below memory.limit_in_bytes, so it goes
+            // first when the limit rises and last when it falls.
+            let memsw = self.read(MEMORY, "memory.memsw.limit_in_bytes").is_some();
+            let rises = to.memory_bytes.unwrap_or(u64::MAX) > from.memory_bytes.unwrap_or(u64::MAX);
+            if memsw && rises {
+                self.write(MEMORY, "memory.memsw.limit_in_bytes", &value)?;
+            }
+            self.write(MEMORY, "memory.limit_in_bytes", &value)?;
+            if memsw && !rises {
+                self.write(MEMORY, "memory.memsw.limit_in_bytes", &value)?;
+            }
+        }
+        if to.cpu_millis != from.cpu_millis {
+            match to.cpu_millis {
+                Some(millis) => {
+                    self.write(CPU, "cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+                    self.write(CPU, "cpu.cfs_quota_us", &cpu_quota_us(millis).to_string())?;
+                }
+                None => self.write(CPU, "cpu.cfs_quota_us", "-1")?,
+            }
+        }
+        if to.pids != from.pids {
+            let value = to.pids.map_or_else(|| "max".to_owned(), |p| p.to_string());
+            self.write(PIDS, "pids.max", &value)?;
+        }
+        Ok(())
+    }
+
+    /// The usage counters as they are now.
+    pub(in crate::cgroup) fn counters(&self) -> Counters {
+        let number = |c: &str, f: &str| self.read(c, f).and_then(|s| s.trim().parse::<u64>().ok());
+        Counters {
+            oom_kills: self
+                .read(MEMORY, "memory.oom_control")
+                .and_then(|s| keyed(&s, "oom_kill")),
+            failcnt: number(MEMORY, "memory.failcnt"),
+            peak_memory_bytes: number(MEMORY, "memory.max_usage_in_bytes"),
+            cpu_ns: number("cpuacct", "cpuacct.usage"),
+        }
+    }
+
+    /// The directory whose `cgroup.procs` lists the run's processes for a
+    /// kill: the freezer's, which can stop them first, when there is one.
+    pub(in crate::cgroup) fn procs_dir(&self) -> Option<&Path> {
+        self.dir("freezer")
+            .or_else(|| self.dirs.first().map(|d| d.dir.as_path()))
+    }
+
+    /// The processes in the run, as listed by `controller`'s hierarchy.
+    pub(in crate::cgroup) fn procs(&self, dir: &Path) -> Vec<libc::pid_t> {
+        parse_pids(&self.fs.read(&dir.join("cgroup.procs")).unwrap_or_default())
+    }
+}
+
+impl RunCgroup for RunV1 {
+    fn admit(&mut self, pid: libc::pid_t, placed: bool) -> Result<()> {
+        if placed {
+            return Ok(());
+        }
+        let pid = pid.to_string();
+        for d in &self.dirs {
+            let path = d.dir.join("cgroup.procs");
+            self.fs
+                .write(&path, &pid)
+                .wrap("add the sandbox to", &path)?;
+        }
+        Ok(())
+    }
+
+    fn kill(&self) -> Result<()> {
+        let Some(procs_dir) = self.procs_dir() else {
+            return Ok(());
+        };
+        let freezer = self.dir("freezer");
+        if self.procs(procs_dir).is_empty() {
+            return Ok(());
+        }
+        // Frozen, nothing forks between reading the list and killing it, and
+        // no pid is freed (so none is reused) meanwhile.
+        if let Some(dir) = freezer {
+            let state = dir.join("freezer.state");
+            self.fs.write(&state, "FROZEN").wrap("write", &state)?;
+            for _ in 0..100 {
+                if self.fs.read(&state).is_ok_and(|s| s.trim() == "FROZEN") {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        kill_pids(&self.procs(procs_dir));
+        if let Some(dir) = freezer {
+            // The killed processes die as soon as they are thawed.
+            let state = dir.join("freezer.state");
+            self.fs.write(&state, "THAWED").wrap("write", &state)?;
+        }
+        Ok(())
+    }
+
+    fn usage(&self) -> Usage {
+        self.counters().since(&Counters::default())
+    }
+
+    fn remove(&mut self) -> Result<()> {
+        let fs = self.fs.clone();
+        let mut first_error = None;
+        let dirs = std::mem::take(&mut self.dirs);
+        let mut left = Vec::new();
+        for d in dirs {
+            let kill = || {
+                kill_pids(&self.procs(&d.dir));
+            };
+            match rmdir_retrying(fs.as_ref(), &d.dir, &kill) {
+                Ok(()) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    left.push(d);
+                }
+            }
+        }
+        self.dirs = left;
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn dirs(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.dir.clone()).collect()
+    }
+}
+
+impl Drop for RunV1 {
+    fn drop(&mut self) {
+        if self.dirs.is_empty() {
+            return;
+        }
+        let _ = self.kill();
+        if let Err(e) = self.remove() {
+            tracing::warn!(error = %e, "cannot remove a run cgroup");
+        }
+    }
+}
+
+/// A run's usage counters at one moment (`None`: the kernel has no such
+/// file).
+#[derive(Debug, Clone, Copy, Default)]
+pub(in crate::cgroup) struct Counters {
+    pub(in crate::cgroup) oom_kills: Option<u64>,
+    pub(in crate::cgroup) failcnt: Option<u64>,
+    pub(in crate::cgroup) peak_memory_bytes: Option<u64>,
+    pub(in crate::cgroup) cpu_ns: Option<u64>,
+}
+
+impl Counters {
+    /// What was used since `start`; the peak is not a counter (it is reset
+    /// when a slot is taken) and is taken as it is.
+    pub(in crate::cgroup) fn since(&self, start: &Counters) -> Usage {
+        let delta =
+            |now: Option<u64>, then: Option<u64>| now.map(|n| n.saturating_sub(then.unwrap_or(0)));
+        Usage {
+            oom_kills: delta(self.oom_kills, start.oom_kills),
+            hit_memory_limit: delta(self.failcnt, start.failcnt).is_some_and(|n| n > 0),
+            peak_memory_bytes: self.peak_memory_bytes,
+            cpu_time: delta(self.cpu_ns, start.cpu_ns).map(Duration::from_nanos),
+        }
+    }
+}
