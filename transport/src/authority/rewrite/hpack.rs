@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 
 use super::huffman;
-use super::{LOCALHOST, MAX_HEADER_LIST, Refusal, SERVER_HEADER_TABLE_SIZE};
+use super::limits::{LOCALHOST, MAX_HEADER_LIST, Refusal, SERVER_HEADER_TABLE_SIZE};
 
 /// The static table (RFC 7541, Appendix A), from index 1.
 const STATIC: [(&[u8], &[u8]); 61] = [

@@ -1,6 +1,6 @@
 //! The rewriter: reads what a client sends on one HTTP/2 connection and gives
 //! back the same bytes, except that in every header block an `:authority`
-//! that is not a URI authority is replaced by [`LOCALHOST`].
+//! that is not a URI authority is replaced by [`LOCALHOST`](limits::LOCALHOST).
 //!
 //! It does no I/O: [`Rewriter::feed`] takes the bytes read so far and appends
 //! what the server should read. Only header blocks change: the connection
@@ -20,7 +20,7 @@
 //! block is held up to [`MAX_BLOCK`] bytes and refused as soon as its frames
 //! would pass it; its fields are read once, Huffman strings through a static
 //! table ([`huffman`]), and the block is refused at the first field that takes
-//! the list past [`MAX_HEADER_LIST`] or does not decode.
+//! the list past [`MAX_HEADER_LIST`](limits::MAX_HEADER_LIST) or does not decode.
 //!
 //! What the rewriter cannot decode it does not pass on either: the server would
 //! decode the raw block against a table that is no longer the client's. It
@@ -31,14 +31,13 @@
 
 mod hpack;
 mod huffman;
+mod limits;
 
 use bytes::{Buf, BufMut, BytesMut};
 use hpack::Hpack;
-
-/// What replaces an `:authority` that is not a URI authority (a unix socket
-/// path, percent-encoded or not, or an abstract socket name): the name that
-/// grpc-go and Kubernetes use for unix sockets.
-pub const LOCALHOST: &[u8] = b"localhost";
+#[cfg(test)]
+pub(super) use limits::{LOCALHOST, MAX_HEADER_LIST, SERVER_HEADER_TABLE_SIZE};
+pub use limits::{MAX_BLOCK, Refusal};
 
 /// The HTTP/2 connection preface a client sends first (RFC 9113, 3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -49,23 +48,6 @@ const FRAME_HEADER_LEN: usize = 9;
 /// The largest frame payload the rewriter writes: the smallest
 /// SETTINGS_MAX_FRAME_SIZE a server may advertise, so always acceptable.
 const MAX_FRAME_PAYLOAD: usize = 16_384;
-
-/// The dynamic table size the client's encoder may use: the server's
-/// SETTINGS_HEADER_TABLE_SIZE. fnrun's server never sends one (tonic has no
-/// such option), so it is the protocol's default.
-pub const SERVER_HEADER_TABLE_SIZE: usize = 4096;
-
-/// The most bytes of one encoded header block (HEADERS and its CONTINUATION
-/// frames) the rewriter holds. h2 itself takes at most six frames of 16 KiB
-/// for a block (hyper's 16 KiB header list limit); a larger one ends the
-/// connection.
-pub const MAX_BLOCK: usize = 128 << 10;
-
-/// The most a decoded header list may weigh (the RFC's size: name, value and
-/// 32 bytes a field), four times hyper's limit: h2 still answers a list over
-/// its own limit as it does without the rewriter; a larger one ends the
-/// connection.
-pub const MAX_HEADER_LIST: usize = 64 << 10;
 
 /// Frame types (RFC 9113, 6).
 mod ty {
@@ -80,23 +62,6 @@ mod flag {
     pub const END_HEADERS: u8 = 0x4;
     pub const PADDED: u8 = 0x8;
     pub const PRIORITY: u8 = 0x20;
-}
-
-/// Why the rewriter stopped passing the connection on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
-    #[error("the header block is not valid HPACK")]
-    Hpack,
-    #[error("the header block is larger than {MAX_BLOCK} bytes")]
-    BlockTooLarge,
-    #[error("the header list weighs more than {MAX_HEADER_LIST} bytes")]
-    ListTooLarge,
-    #[error("a HEADERS frame's padding or priority does not fit in it")]
-    BadPadding,
-    #[error("a header block is interrupted or continued out of turn")]
-    Continuation,
-    #[error("a client sent PUSH_PROMISE")]
-    PushPromise,
 }
 
 /// Where the rewriter is in the client's byte stream.
