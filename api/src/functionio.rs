@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 
-use crate::yaml::{DocumentError, Quoted, YamlError, parse_mapping};
+use crate::yaml::{DocumentError, FoundTag, Quoted, YamlError, find_tag, parse_mapping};
 
 /// The `apiVersion` a FunctionIO may carry.
 pub const API_VERSION: &str = "apiextensions.crossplane.io/v1alpha1";
@@ -162,6 +162,11 @@ pub enum Error {
         /// The only value allowed.
         expected: &'static str,
     },
+    /// A key or value carries a YAML tag that is not a core one.
+    #[error(
+        "{0}, which FunctionIO cannot carry (it is JSON to Crossplane; only core tags such as !!str are allowed)"
+    )]
+    Tagged(FoundTag),
 }
 
 impl From<DocumentError> for Error {
@@ -178,9 +183,25 @@ impl From<DocumentError> for Error {
 ///
 /// The document must be a YAML mapping whose known fields have the shapes of
 /// Crossplane's FunctionIO; unknown fields are ignored. `apiVersion` and `kind`
-/// are optional but must be right when present.
+/// are optional but must be right when present. No key or value, anywhere
+/// in the document, may carry a YAML tag other than a core one (`!!str`,
+/// `!!int`, ...): see below.
 pub fn validate(doc: &[u8]) -> Result<FunctionIo, Error> {
     let mapping = parse_mapping(doc)?;
+    // Local tags (`!vault x`, `!team: v`) are refused anywhere, keys and
+    // values alike. A FunctionIO is JSON to Crossplane: the composition
+    // controller reads it with sigs.k8s.io/yaml, which converts YAML to JSON
+    // and drops an unknown tag (a tagged scalar becomes a string: `!n 3` is
+    // "3"), and Kubernetes objects have no tags anyway. So a tag can never
+    // mean to Crossplane what it says, and fnrun would pass it on only to
+    // see it read differently, or, as a tagged key, fail to write it at all
+    // (serde_norway cannot emit one). kpt is alike: kyaml keeps tags in its
+    // node tree, but the objects it applies are JSON. The v1 mapping refuses
+    // tagged values for the same reason (`functionio_v1`); core tags are
+    // resolved by the parser and are fine.
+    if let Some(found) = find_tag(&mapping) {
+        return Err(Error::Tagged(found));
+    }
     let io: FunctionIo =
         serde_norway::from_value(Value::Mapping(mapping)).map_err(YamlError::from)?;
     check_type_meta("apiVersion", io.api_version.as_deref(), API_VERSION)?;
@@ -247,6 +268,22 @@ mod tests {
             ("observed: []", "expected struct Observed"),
             ("kind: Pod", "kind is \"Pod\""),
             ("apiVersion: v1", "apiVersion is \"v1\""),
+            (
+                "config: {labels: {!team x: y}}",
+                "at config.labels: a mapping key has the YAML tag \"!team\"",
+            ),
+            (
+                "desired: {composite: {resource: {status: {x: !vault secret/db}}}}",
+                "at desired.composite.resource.status.x: the value has the YAML tag \"!vault\"",
+            ),
+            (
+                "observed: {resources: [{name: a, resource: {spec: [1, !<!x> {}]}}]}",
+                "at observed.resources[0].resource.spec[1]: the value has the YAML tag \"!x\"",
+            ),
+            (
+                "extra: {\"my key\": !t 1}",
+                "at extra[\"my key\"]: the value",
+            ),
         ];
         for (doc, want) in cases {
             let err = validate(doc.as_bytes()).unwrap_err().to_string();
@@ -285,6 +322,25 @@ mod tests {
             let err = validate(doc.as_bytes()).unwrap_err().to_string();
             assert!(err.len() < 2048, "{} bytes: {}", err.len(), &err[..100]);
         }
+    }
+
+    #[test]
+    fn refuses_local_tags_but_reads_core_ones() {
+        // The first fuzz finding: a tagged key, which serde_norway reads
+        // but cannot write back.
+        let doc = "config:\n  labels:\n    !team: payments:\n";
+        let err = validate(doc.as_bytes()).unwrap_err().to_string();
+        assert!(
+            err.starts_with("at config.labels: a mapping key has the YAML tag \"!team:\""),
+            "{err}"
+        );
+        let huge = format!("config: {{{}: !t x}}", "k".repeat(1 << 20));
+        let err = validate(huge.as_bytes()).unwrap_err().to_string();
+        assert!(err.len() < 1024, "{} bytes", err.len());
+        let io = validate(b"config: {s: !!str 3, i: !!int '5', m: !!map {a: b}}").unwrap();
+        let config = io.config.unwrap();
+        assert_eq!(config["s"], Value::from("3"));
+        assert_eq!(config["i"], Value::from(5));
     }
 
     #[test]

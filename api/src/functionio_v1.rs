@@ -65,14 +65,14 @@ use std::collections::BTreeMap;
 use serde_norway::Value;
 
 pub use self::connection::DerivedError;
-use self::structpb::Segment;
+
 pub use self::structpb::ValueError;
 use crate::functionio::{
     self, Composite, ConnectionDetail, Desired, DesiredResource, FnResult, FunctionIo, Observed,
     ObservedResource,
 };
 use crate::v1;
-use crate::yaml::{Quoted, YamlError};
+use crate::yaml::{Quoted, Segment, YamlError};
 
 /// Why a response cannot be built from a function's output.
 #[derive(Debug, thiserror::Error)]

@@ -73,6 +73,127 @@ pub(crate) fn kind_name(value: &Value) -> &'static str {
     }
 }
 
+/// One step of a path into a document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+/// A path such as `desired.resources["my bucket"].resource.spec[0]`: plain
+/// keys after a dot, others quoted in brackets, at most a few hundred bytes.
+pub(crate) struct Path<'a>(pub(crate) &'a [Segment]);
+
+impl fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = String::new();
+        for segment in self.0 {
+            match segment {
+                Segment::Index(i) => out.push_str(&format!("[{i}]")),
+                Segment::Key(k)
+                    if !k.is_empty()
+                        && k.len() <= 64
+                        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
+                {
+                    if !out.is_empty() {
+                        out.push('.');
+                    }
+                    out.push_str(k);
+                }
+                Segment::Key(k) => out.push_str(&format!("[{}]", Quoted::new(&truncate(k, 64)))),
+            }
+            if out.len() > 4 * MAX_QUOTED {
+                break;
+            }
+        }
+        f.write_str(&truncate(&out, 2 * MAX_QUOTED))
+    }
+}
+
+/// A YAML tag found in a document by [`find_tag`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundTag {
+    /// Where: the path of the tagged value, or of the mapping whose key is
+    /// tagged (see `on_key`), shown as `a.b["c d"][0]`, bounded.
+    pub path: String,
+    /// Whether the tag is on a mapping key rather than on a value.
+    pub on_key: bool,
+    /// The tag, quoted and cut short.
+    pub tag: Quoted,
+}
+
+impl fmt::Display for FoundTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = if self.path.is_empty() {
+            "the document"
+        } else {
+            &self.path
+        };
+        let what = if self.on_key {
+            "a mapping key"
+        } else {
+            "the value"
+        };
+        write!(f, "at {at}: {what} has the YAML tag {}", self.tag)
+    }
+}
+
+/// The first value or key of `mapping` (depth first) that carries a YAML
+/// tag serde_norway keeps: a local tag such as `!vault` or `!<!x>`. Core
+/// tags (`!!str`, `!!int`, `!!map`, ... , `tag:yaml.org,2002:*`) are
+/// resolved by the parser and never reach a [`Value`] as tags.
+///
+/// Recursion is bounded: a parsed document is at most
+/// [`bounds::MAX_DEPTH`] collections deep.
+pub(crate) fn find_tag(mapping: &serde_norway::Mapping) -> Option<FoundTag> {
+    let mut path = Vec::new();
+    find_in_mapping(mapping, &mut path)
+}
+
+fn find_in_mapping(mapping: &serde_norway::Mapping, path: &mut Vec<Segment>) -> Option<FoundTag> {
+    for (key, value) in mapping {
+        if let Value::Tagged(tagged) = key {
+            return Some(FoundTag {
+                path: Path(path).to_string(),
+                on_key: true,
+                tag: Quoted::new(&tagged.tag.to_string()),
+            });
+        }
+        let segment = match key {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Null => "null".to_owned(),
+            other => format!("<{}>", kind_name(other)),
+        };
+        path.push(Segment::Key(segment));
+        let found = find_in_value(key, path).or_else(|| find_in_value(value, path));
+        path.pop();
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+fn find_in_value(value: &Value, path: &mut Vec<Segment>) -> Option<FoundTag> {
+    match value {
+        Value::Tagged(tagged) => Some(FoundTag {
+            path: Path(path).to_string(),
+            on_key: false,
+            tag: Quoted::new(&tagged.tag.to_string()),
+        }),
+        Value::Mapping(mapping) => find_in_mapping(mapping, path),
+        Value::Sequence(items) => items.iter().enumerate().find_map(|(i, item)| {
+            path.push(Segment::Index(i));
+            let found = find_in_value(item, path);
+            path.pop();
+            found
+        }),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => None,
+    }
+}
+
 /// Why a document could not be read as one YAML mapping.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DocumentError {

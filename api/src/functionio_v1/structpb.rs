@@ -8,13 +8,12 @@
 //! or NaN numbers, tagged values, mappings or sequences as keys.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use prost_types::value::Kind;
 use prost_types::{ListValue, Struct};
 use serde_norway::{Mapping, Number, Value};
 
-use crate::yaml::{Quoted, truncate};
+use crate::yaml::{Path, Segment};
 
 /// The largest integer a double holds exactly.
 const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
@@ -128,13 +127,6 @@ impl ValueError {
     }
 }
 
-/// One step of a path into a document.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Segment {
-    Key(String),
-    Index(usize),
-}
-
 /// What JSON cannot hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 enum Reason {
@@ -144,33 +136,6 @@ enum Reason {
     Tagged,
     #[error("a mapping key is a mapping or a sequence, which JSON keys cannot be")]
     ComplexKey,
-}
-
-/// A path such as `desired.resources["my bucket"].resource.spec[0]`: plain
-/// keys after a dot, others quoted in brackets, at most a few hundred bytes.
-struct Path<'a>(&'a [Segment]);
-
-impl fmt::Display for Path<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut out = String::new();
-        for segment in self.0 {
-            match segment {
-                Segment::Index(i) => out.push_str(&format!("[{i}]")),
-                Segment::Key(k)
-                    if !k.is_empty()
-                        && k.len() <= 64
-                        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
-                {
-                    if !out.is_empty() {
-                        out.push('.');
-                    }
-                    out.push_str(k);
-                }
-                Segment::Key(k) => out.push_str(&format!("[{}]", Quoted::new(&truncate(k, 64)))),
-            }
-        }
-        f.write_str(&truncate(&out, 2 * crate::yaml::MAX_QUOTED))
-    }
 }
 
 #[cfg(test)]

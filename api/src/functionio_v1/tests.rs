@@ -362,7 +362,7 @@ fn refuses_output_it_cannot_map() {
         ),
         (
             "desired: {composite: {resource: {status: {x: !vault secret/db}}}}",
-            "at desired.composite.resource.status.x: tagged",
+            "function output is not a FunctionIO: at desired.composite.resource.status.x: the value has the YAML tag \"!vault\"",
         ),
         (
             "desired: {resources: [{name: 'my bucket', resource: {}, connectionDetails: [{type: FromValue, value: v}]}]}",
