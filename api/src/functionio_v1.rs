@@ -74,9 +74,15 @@ use crate::functionio::{
 use crate::v1;
 use crate::yaml::{Quoted, Segment, YamlError};
 
-/// Why a response cannot be built from a function's output.
+/// Why a request cannot be written as FunctionIO, or a response cannot be
+/// built from a function's output.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A value of the request has no JSON form (a NaN or infinite number,
+    /// which a binary Struct can carry): the caller's fault, refused before
+    /// the function runs ([`check_request`]).
+    #[error("the request has a value FunctionIO cannot carry at {0}")]
+    Request(#[source] ValueError),
     /// The output is not a FunctionIO.
     #[error("function output is not a FunctionIO: {0}")]
     Output(#[source] functionio::Error),
@@ -143,9 +149,46 @@ pub fn functionio_from_request(request: &v1::RunFunctionRequest) -> FunctionIo {
     }
 }
 
+/// Checks that every Struct of `request` that the FunctionIO carries holds
+/// only what JSON can, so that a function that returns its input unchanged
+/// has output that maps back to a response: a binary Struct can carry NaN
+/// or infinity, which JSON (so Crossplane) cannot, and which the output
+/// mapping refuses. The error names the request's field (`input`,
+/// `observed.…`, `desired.…`).
+pub fn check_request(request: &v1::RunFunctionRequest) -> Result<(), Error> {
+    fn at(segments: &[&str], e: ValueError) -> Error {
+        Error::Request(
+            segments
+                .iter()
+                .rev()
+                .fold(e, |e, s| e.within(Segment::Key((*s).to_owned()))),
+        )
+    }
+    if let Some(input) = &request.input {
+        structpb::check_json(input).map_err(|e| at(&["input"], e))?;
+    }
+    for (field, state) in [
+        ("observed", &request.observed),
+        ("desired", &request.desired),
+    ] {
+        let Some(state) = state else { continue };
+        if let Some(resource) = state.composite.as_ref().and_then(|c| c.resource.as_ref()) {
+            structpb::check_json(resource).map_err(|e| at(&[field, "composite", "resource"], e))?;
+        }
+        for (name, r) in &state.resources {
+            if let Some(resource) = &r.resource {
+                structpb::check_json(resource)
+                    .map_err(|e| at(&[field, "resources", name, "resource"], e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// [`functionio_from_request`], written as the YAML document for the
-/// function's stdin.
+/// function's stdin, once [`check_request`] passes.
 pub fn functionio_yaml_from_request(request: &v1::RunFunctionRequest) -> Result<Vec<u8>, Error> {
+    check_request(request)?;
     serde_norway::to_string(&functionio_from_request(request))
         .map(String::into_bytes)
         .map_err(|e| Error::Yaml(e.into()))

@@ -70,7 +70,9 @@ pub fn resourcelist(data: &[u8]) {
     let _ = resourcelist::validate_output(data);
 }
 
-/// Any v1 request maps to a FunctionIO that the validator accepts; that
+/// Any v1 request that the mapping takes (it refuses, as INVALID_ARGUMENT
+/// in the daemon, one with a NaN or infinite number: JSON has none) maps to
+/// a FunctionIO that the validator accepts; that
 /// FunctionIO, returned as the function's output (a function that changes
 /// nothing), maps to a response; and the response's desired state maps to
 /// the same FunctionIO desired state again: the mapping round-trips the

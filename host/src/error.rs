@@ -257,6 +257,12 @@ impl HostError {
             HostError::UnknownFunction { .. } | HostError::NoName { .. } => Class::NotFound,
             HostError::BadRequest(_) => Class::InvalidArgument,
             HostError::BadOutput { .. } => Class::Aborted,
+            // A value of the caller's request that FunctionIO cannot carry
+            // (NaN or infinity): the caller's fault, found before any run.
+            HostError::BadFunctionIo {
+                error: fnrun_api::functionio_v1::Error::Request(_),
+                ..
+            } => Class::InvalidArgument,
             HostError::BadFunctionIo { .. } => Class::Internal,
             HostError::Busy { .. } | HostError::OutOfMemory { .. } => Class::ResourceExhausted,
             HostError::BackingOff { .. }
@@ -276,7 +282,11 @@ impl HostError {
     pub fn outcome(&self) -> &'static str {
         match self {
             HostError::UnknownFunction { .. } | HostError::NoName { .. } => "unknown_function",
-            HostError::BadRequest(_) => "invalid_request",
+            HostError::BadRequest(_)
+            | HostError::BadFunctionIo {
+                error: fnrun_api::functionio_v1::Error::Request(_),
+                ..
+            } => "invalid_request",
             HostError::BadOutput { .. } | HostError::BadFunctionIo { .. } => "invalid_output",
             HostError::Busy { .. } => "rejected",
             HostError::BackingOff { .. } => "backing_off",
@@ -401,5 +411,45 @@ mod tests {
             "function fn-a: the call's deadline of 1s passed while the function's server was starting"
         );
         assert_eq!(e.class(), Class::DeadlineExceeded);
+    }
+
+    #[test]
+    fn a_request_functionio_cannot_carry_is_invalid_argument() {
+        use fnrun_api::v1;
+        use prost::Message;
+        // A v1 request whose desired resource holds a NaN, which a binary
+        // Struct carries and JSON cannot (`n: NaN`). The Value is decoded
+        // from its bytes (number_value, field 2, a double): the host does
+        // not depend on prost-types to name it.
+        let nan = Message::decode(&[0x11, 0, 0, 0, 0, 0, 0, 0xf8, 0x7f][..]).unwrap();
+        let mut body = fnrun_api::v1::Resource::default();
+        body.resource
+            .get_or_insert_with(Default::default)
+            .fields
+            .insert("n".to_owned(), nan);
+        let request = v1::RunFunctionRequest {
+            desired: Some(v1::State {
+                resources: [("cm".to_owned(), body)].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let request = v1::RunFunctionRequest::decode(request.encode_to_vec().as_slice()).unwrap();
+        let error = fnrun_api::functionio_v1::functionio_yaml_from_request(&request).unwrap_err();
+        let e = HostError::BadFunctionIo {
+            function: "fn-a".into(),
+            error,
+        };
+        assert_eq!(e.class(), Class::InvalidArgument);
+        assert_eq!(e.outcome(), "invalid_request");
+        let status = tonic::Status::from(e);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status
+                .message()
+                .ends_with("at desired.resources.cm.resource.n: number is not finite (JSON has no NaN or infinity)"),
+            "{}",
+            status.message()
+        );
     }
 }

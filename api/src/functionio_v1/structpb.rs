@@ -52,6 +52,29 @@ fn number_to_yaml(n: f64) -> Value {
     }
 }
 
+/// Checks that `s` holds only what JSON can: no NaN or infinite number
+/// (a binary Struct can carry one; JSON, and so Crossplane, cannot).
+/// Recursion is bounded by prost's decoding limit (100 levels).
+pub(super) fn check_json(s: &Struct) -> Result<(), ValueError> {
+    for (k, v) in &s.fields {
+        check_value(v).map_err(|e| e.within(Segment::Key(k.clone())))?;
+    }
+    Ok(())
+}
+
+fn check_value(v: &prost_types::Value) -> Result<(), ValueError> {
+    match &v.kind {
+        Some(Kind::NumberValue(n)) if !n.is_finite() => Err(ValueError::new(Reason::NotFinite)),
+        Some(Kind::ListValue(l)) => l
+            .values
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| check_value(v).map_err(|e| e.within(Segment::Index(i)))),
+        Some(Kind::StructValue(s)) => check_json(s),
+        _ => Ok(()),
+    }
+}
+
 /// A YAML mapping as a Struct.
 pub(super) fn from_yaml(m: &BTreeMap<String, Value>) -> Result<Struct, ValueError> {
     let fields = m
@@ -234,6 +257,30 @@ spec:
                 "{doc:?}: {err:?} does not contain {want:?}"
             );
         }
+        let nan = Struct {
+            fields: [(
+                "spec".to_owned(),
+                prost_types::Value {
+                    kind: Some(Kind::ListValue(ListValue {
+                        values: vec![
+                            prost_types::Value {
+                                kind: Some(Kind::NumberValue(1.0)),
+                            },
+                            prost_types::Value {
+                                kind: Some(Kind::NumberValue(f64::NEG_INFINITY)),
+                            },
+                        ],
+                    })),
+                },
+            )]
+            .into(),
+        };
+        let err = check_json(&nan).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "spec[1]: number is not finite (JSON has no NaN or infinity)"
+        );
+        check_json(&from_yaml(&yaml("a: {b: [1, 2.5, x, null, true]}")).unwrap()).unwrap();
         let long_key = BTreeMap::from([("k".repeat(100_000), yaml_value("{a: .nan}"))]);
         let err = from_yaml(&long_key).unwrap_err().to_string();
         assert!(err.len() < 512, "{}", err.len());

@@ -395,3 +395,85 @@ fn a_repeated_resource_name_keeps_its_last_entry() {
         Some(Kind::NumberValue(2.0))
     );
 }
+
+/// A request whose Struct at `place` holds `{data: {n: 1.5, bad: value}}`.
+fn request_with(place: &str, value: f64) -> v1::RunFunctionRequest {
+    let body = prost_types::Struct {
+        fields: [(
+            "data".to_owned(),
+            prost_types::Value {
+                kind: Some(Kind::StructValue(prost_types::Struct {
+                    fields: [
+                        (
+                            "n".to_owned(),
+                            prost_types::Value {
+                                kind: Some(Kind::NumberValue(1.5)),
+                            },
+                        ),
+                        (
+                            "bad".to_owned(),
+                            prost_types::Value {
+                                kind: Some(Kind::NumberValue(value)),
+                            },
+                        ),
+                    ]
+                    .into(),
+                })),
+            },
+        )]
+        .into(),
+    };
+    let resource = v1::Resource {
+        resource: Some(body.clone()),
+        ..Default::default()
+    };
+    let mut request = request();
+    match place {
+        "input" => request.input = Some(body),
+        "observed composite" => request.observed.as_mut().unwrap().composite = Some(resource),
+        "desired resource" => {
+            request
+                .desired
+                .as_mut()
+                .unwrap()
+                .resources
+                .insert("my cm".to_owned(), resource);
+        }
+        other => panic!("{other}"),
+    }
+    request
+}
+
+#[test]
+fn refuses_a_request_json_cannot_hold() {
+    // The second fuzz finding: a NaN in a desired resource (a binary Struct
+    // carries one) was written as `.nan`, and the function's unchanged
+    // output was then refused. Now the request is refused, naming where.
+    for (place, value, want) in [
+        (
+            "desired resource",
+            f64::NAN,
+            "at desired.resources[\"my cm\"].resource.data.bad: number is not finite",
+        ),
+        (
+            "observed composite",
+            f64::INFINITY,
+            "at observed.composite.resource.data.bad: number is not finite",
+        ),
+        ("input", f64::NEG_INFINITY, "at input.data.bad: number"),
+    ] {
+        let request = request_with(place, value);
+        let err = functionio_yaml_from_request(&request).unwrap_err();
+        assert!(matches!(err, Error::Request(_)), "{err:?}");
+        let err = err.to_string();
+        assert!(
+            err.starts_with("the request has a value FunctionIO cannot carry")
+                && err.contains(want),
+            "{place}: {err:?} does not contain {want:?}"
+        );
+    }
+    // Finite numbers pass, and the unchanged FunctionIO maps back.
+    let request = request_with("desired resource", 1e300);
+    let stdin = functionio_yaml_from_request(&request).unwrap();
+    response_from_functionio_yaml(&request, &stdin).unwrap();
+}
