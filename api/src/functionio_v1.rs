@@ -44,8 +44,11 @@
 //!
 //! Values: a Struct holds JSON, so YAML integers become doubles (exact up to
 //! 2^53, as everywhere in Crossplane's v1 API), and a double that is a whole
-//! number comes back as a YAML integer. What JSON cannot hold (NaN, infinity,
-//! tagged values, collections as keys) is refused with [`Error::Value`];
+//! number comes back as a YAML integer. A request whose Structs hold a NaN or
+//! an infinite number (a binary Struct can; JSON cannot) is refused with
+//! [`Error::Request`] before the function runs. In the output, what JSON
+//! cannot hold (NaN, infinity, tagged values, collections as keys) is
+//! refused with [`Error::Value`];
 //! numeric, boolean and null keys become strings, as `sigs.k8s.io/yaml` makes
 //! them.
 //!
