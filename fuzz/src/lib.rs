@@ -24,6 +24,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("semver", semver),
     ("duration", duration),
     ("authority", authority),
+    ("docker_config", docker_config),
 ];
 
 /// The YAML bounds check agrees with the parser: what it refuses for
@@ -211,5 +212,67 @@ pub fn authority(data: &[u8]) {
     assert_eq!(at_once.refusal(), chunked.refusal(), "refused differently");
     if at_once.refusal().is_none() {
         assert_eq!(whole, pieces, "read differently in pieces of {chunks:?}");
+    }
+}
+
+/// Docker config files (and pull secrets, which hold the same JSON): the
+/// first line is the image asked for, the rest the file. Whatever the file,
+/// a credential or an error, and no error quotes a string value of the
+/// file (they may be secrets): only its keys, which name registries. Read
+/// as a pull secret, so no credential helper runs.
+pub fn docker_config(data: &[u8]) {
+    use fnrun_registry::credentials::credentials_from_pull_secret;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let (image, config) = text.split_once('\n').unwrap_or((text, ""));
+    thread_local! {
+        static FILE: std::path::PathBuf = std::env::temp_dir()
+            .join(format!("fnrun-fuzz-docker-config-{}", std::process::id()));
+    }
+    let path = FILE.with(Clone::clone);
+    std::fs::write(&path, config).expect("a scratch file");
+    let result = credentials_from_pull_secret(fnrun_registry::DOCKER_HUB, image, &path);
+    let Err(err) = result else {
+        return;
+    };
+    let message = err.to_string();
+    // serde_norway reads JSON's strings as serde_json does (JSON is YAML).
+    let Ok(json) = serde_norway::from_str::<serde_norway::Value>(config) else {
+        return;
+    };
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    strings(&json, &mut keys, &mut values);
+    // What a message may contain besides keys: the path and fixed text.
+    let fixed = format!("{} {err:?}", path.display());
+    for value in values.iter().filter(|v| v.len() >= 6) {
+        let explained = fixed.contains(value.as_str())
+            || keys
+                .iter()
+                .any(|k| k.contains(value.as_str()) || format!("{k:?}").contains(value.as_str()));
+        assert!(
+            explained || !message.contains(value.as_str()),
+            "the error quotes the value {value:?}: {message}"
+        );
+    }
+}
+
+/// Every key and every string value of `json`.
+fn strings(json: &serde_norway::Value, keys: &mut Vec<String>, values: &mut Vec<String>) {
+    use serde_norway::Value;
+    match json {
+        Value::String(s) => values.push(s.clone()),
+        Value::Sequence(items) => items.iter().for_each(|v| strings(v, keys, values)),
+        Value::Mapping(map) => {
+            for (k, v) in map {
+                match k {
+                    Value::String(k) => keys.push(k.clone()),
+                    other => strings(other, keys, values),
+                }
+                strings(v, keys, values);
+            }
+        }
+        Value::Tagged(tagged) => strings(&tagged.value, keys, values),
+        _ => {}
     }
 }
