@@ -81,6 +81,18 @@ pub enum CredentialSource {
     /// The `.dockerconfigjson` of a `kubernetes.io/dockerconfigjson` Secret:
     /// its `auths`, as the kubelet reads it.
     PullSecret(PathBuf),
+    /// The `.dockerconfigjson` of pull secrets read through the Kubernetes
+    /// API (Kubernetes mode), tried in order: the first whose `auths` has the
+    /// image's registry gives its credentials.
+    PullSecrets(Vec<PullSecretData>),
+}
+
+/// A pull secret's `.dockerconfigjson`, as read through the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullSecretData {
+    /// `secret NAMESPACE/NAME`, for errors.
+    pub origin: String,
+    pub dockerconfigjson: Arc<[u8]>,
 }
 
 /// One function of the catalogue, checked.
@@ -526,7 +538,7 @@ pub fn check_dns_label(name: &str) -> Result<(), FieldError> {
 
 /// An image reference is parsed by the cache when the function starts; here
 /// only what can never be one is refused.
-fn check_image(image: &str) -> Result<(), FieldError> {
+pub fn check_image(image: &str) -> Result<(), FieldError> {
     if image.trim().is_empty() {
         return Err(FieldError::Empty);
     }

@@ -97,35 +97,21 @@ impl CertSet {
 impl CertSource {
     /// The certificates of functions `names` in `namespace`.
     pub fn cert_set(&self, names: &[String], namespace: &str) -> Result<CertSet, CertError> {
-        let mut set = CertSet::default();
-        match self {
+        let dir = match self {
             CertSource::Mint { cert, key } => {
-                let minter = Minter::load(cert, key)?;
-                for name in names {
-                    let key = minter.mint(name, server_names(name, namespace).to_vec())?;
-                    for server_name in server_names(name, namespace) {
-                        set.by_name.insert(server_name, key.clone());
-                    }
-                }
-                if !names.is_empty() {
-                    let all: Vec<String> = names
-                        .iter()
-                        .flat_map(|n| server_names(n, namespace))
-                        .collect();
-                    set.no_sni = Some(minter.mint("fnrun functions", all)?);
-                }
+                return Minter::load(cert, key)?.cert_set(names, namespace);
             }
-            CertSource::Dir(dir) => {
-                for name in names {
-                    let key = read_pair(&dir.join(name))?;
-                    for server_name in server_names(name, namespace) {
-                        set.by_name.insert(server_name, key.clone());
-                    }
-                }
-                if dir.join("tls.crt").exists() || dir.join("tls.key").exists() {
-                    set.no_sni = Some(read_pair(dir)?);
-                }
+            CertSource::Dir(dir) => dir,
+        };
+        let mut set = CertSet::default();
+        for name in names {
+            let key = read_pair(&dir.join(name))?;
+            for server_name in server_names(name, namespace) {
+                set.by_name.insert(server_name, key.clone());
             }
+        }
+        if dir.join("tls.crt").exists() || dir.join("tls.key").exists() {
+            set.no_sni = Some(read_pair(dir)?);
         }
         Ok(set)
     }
@@ -140,14 +126,31 @@ pub struct Minter {
 impl Minter {
     /// The CA of the PEM files `cert` and `key`.
     pub fn load(cert: &Path, key: &Path) -> Result<Minter, CertError> {
-        let cert_pem = read(cert)?;
-        let ca = CertificateDer::pem_slice_iter(&cert_pem)
+        Minter::from_pem(cert, &read(cert)?, key, &read(key)?)
+    }
+
+    /// The CA of PEM `cert_pem` and `key_pem`, named `cert` and `key` in
+    /// errors (files, or a Secret's keys read through the Kubernetes API).
+    pub fn from_pem(
+        cert: &Path,
+        cert_pem: &[u8],
+        key: &Path,
+        key_pem: &[u8],
+    ) -> Result<Minter, CertError> {
+        for (path, pem) in [(cert, cert_pem), (key, key_pem)] {
+            if pem.len() as u64 > MAX_PEM_BYTES {
+                return Err(CertError::TooLarge {
+                    path: path.to_owned(),
+                });
+            }
+        }
+        let ca = CertificateDer::pem_slice_iter(cert_pem)
             .next()
             .and_then(Result::ok)
             .ok_or_else(|| CertError::NoCertificate {
                 path: cert.to_owned(),
             })?;
-        let key_pair = ca_key_pair(key, &read(key)?)?;
+        let key_pair = ca_key_pair(key, key_pem)?;
         check_ca(cert, &ca, key, &key_pair)?;
         let issuer =
             Issuer::from_ca_cert_der(&ca, key_pair).map_err(|err| CertError::CaCertificate {
@@ -155,6 +158,31 @@ impl Minter {
                 err,
             })?;
         Ok(Minter { ca, issuer })
+    }
+
+    /// A certificate for each of functions `names` in `namespace`, and one
+    /// for all of them (clients that send no server name).
+    pub fn cert_set(&self, names: &[String], namespace: &str) -> Result<CertSet, CertError> {
+        let mut set = CertSet::default();
+        for name in names {
+            let key = self.mint(name, server_names(name, namespace).to_vec())?;
+            for server_name in server_names(name, namespace) {
+                set.by_name.insert(server_name, key.clone());
+            }
+        }
+        if !names.is_empty() {
+            let all: Vec<String> = names
+                .iter()
+                .flat_map(|n| server_names(n, namespace))
+                .collect();
+            set.no_sni = Some(self.mint("fnrun functions", all)?);
+        }
+        Ok(set)
+    }
+
+    /// The CA certificate.
+    pub fn ca_der(&self) -> &CertificateDer<'static> {
+        &self.ca
     }
 
     /// A certificate for `sans`, with common name `cn`, and its chain (the

@@ -18,9 +18,9 @@ use tokio::task::JoinHandle;
 use tonic_health::server::HealthReporter;
 
 use super::catalogue::{self, Catalogue};
-use super::certs::{CertSource, Minter};
+use super::certs::{CertSet, CertSource, Minter};
 use super::listener;
-use super::tls::{self, SniResolver};
+use super::tls::{self, ClientCa, SniResolver};
 use super::{Changes, FunctionMetrics, Host, Routing};
 use fnrun_core::error::{LINE_MAX, bounded};
 use fnrun_core::runner::Runner;
@@ -32,11 +32,64 @@ const REMINT_EVERY: Duration = Duration::from_secs(24 * 3600);
 
 /// The running function host.
 pub struct FunctionsDaemon {
-    host: Arc<Host>,
+    serving: Arc<Serving>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
-    reloader: JoinHandle<()>,
-    health: HealthReporter,
+    /// The functions file's reloader; none when the catalogue is fed from
+    /// outside ([`start_external`]).
+    reloader: Option<JoinHandle<()>>,
     socket_file: Option<PathBuf>,
+}
+
+/// The host, its health and its certificates, as a catalogue source updates
+/// them: the functions file's reloader, or Kubernetes mode's controller.
+pub struct Serving {
+    host: Arc<Host>,
+    health: HealthReporter,
+    namespace: String,
+    resolver: Option<Arc<SniResolver>>,
+    client_ca: Option<Arc<ClientCa>>,
+    names: tokio::sync::Mutex<Vec<String>>,
+}
+
+impl Serving {
+    /// The host.
+    pub fn host(&self) -> &Arc<Host> {
+        &self.host
+    }
+
+    /// The namespace of the functions' Services.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Whether the listener serves TLS.
+    pub fn tls(&self) -> bool {
+        self.resolver.is_some()
+    }
+
+    /// The client CA the listener verifies against, when the catalogue is
+    /// fed from outside with TLS.
+    pub fn client_ca(&self) -> Option<&Arc<ClientCa>> {
+        self.client_ca.as_ref()
+    }
+
+    /// Makes `catalogue` the host's, with `certs` (if the listener serves
+    /// TLS and they are given) the certificates of new handshakes, and
+    /// health SERVING for each function (and gone for the others).
+    pub async fn apply(&self, catalogue: &Catalogue, certs: Option<CertSet>) -> Changes {
+        let mut current = self.names.lock().await;
+        let names: Vec<String> = catalogue.names().map(str::to_owned).collect();
+        if let (Some(resolver), Some(certs)) = (&self.resolver, certs) {
+            resolver.replace(certs);
+        }
+        let changes = self.host.apply(catalogue);
+        listener::serving(&self.health, &names).await;
+        for gone in current.iter().filter(|n| !names.contains(n)) {
+            self.health.clone().clear_service_status(gone).await;
+        }
+        *current = names;
+        changes
+    }
 }
 
 /// What `fnrun serve` is asked to host (from its `--functions*` flags), as
@@ -143,67 +196,188 @@ pub async fn start(
             let certs = setup.source.cert_set(&names, &namespace)?;
             let resolver = Arc::new(SniResolver::new(certs));
             let config = tls::server_config(resolver.clone(), &setup.client_ca)?;
-            let names = resolver.clone();
-            let accept = TlsAccept::new(
-                ListenerKind::Functions,
-                config,
-                Some(Arc::new(move |name| names.refusal(name))),
-                tls_metrics,
-            );
+            let accept = tls_accept(&resolver, config, tls_metrics);
             (Some(resolver), Some(accept))
         }
         None => (None, None),
     };
-
-    let host = Arc::new(Host::new(
-        runner,
-        Routing::ByName {
-            namespace: namespace.clone(),
+    let (mut daemon, serving) = serve(
+        Listening {
+            addr,
+            namespace,
+            resolver,
+            client_ca: None,
+            server_config,
+            socket_mode,
         },
+        runner,
         function_metrics,
-    ));
-    host.apply(&catalogue);
-    let (router, health) = listener::services(host.clone())?;
-    listener::serving(&health, &names).await;
-    let listener = addr.bind(socket_mode)?;
-    let socket_file = match &listener {
-        Listener::Unix(_, path) => path.clone(),
-        Listener::Tcp(_) => None,
-    };
-    let server = listener::serve(router, listener, server_config, shutdown);
+        shutdown,
+    )
+    .await?;
+    serving.apply(&catalogue, None).await;
     tracing::info!(
-        address = %addr,
+        address = %daemon.address,
         transport = if tls.is_some() { "TLS, client certificates required" } else { "h2c" },
-        namespace,
+        namespace = serving.namespace,
         functions = names.len(),
         "serving Crossplane functions"
     );
-
     let reloader = Reloader {
         seen,
         check_every: args.functions_check_interval,
         file: args.functions_file.clone(),
         flags: args.function.clone(),
-        namespace,
-        host: host.clone(),
-        tls: tls.map(|setup| (setup.source, resolver.expect("with TLS"))),
-        health: health.clone(),
-        names,
+        serving,
+        certs: tls.map(|setup| setup.source),
     };
-    let reloader = tokio::spawn(reloader.run()?);
-    Ok(Some(FunctionsDaemon {
+    daemon.daemon.reloader = Some(tokio::spawn(reloader.run()?));
+    Ok(Some(daemon.daemon))
+}
+
+/// The functions listener of Kubernetes mode, whose catalogue is fed from
+/// outside.
+#[derive(Debug, Clone)]
+pub struct ExternalConfig {
+    /// `HOST:PORT`, `unix:PATH` or `unix-abstract:NAME`.
+    pub listen: String,
+    /// The namespace of the functions' Services.
+    pub namespace: String,
+    /// Plain h2c, without TLS.
+    pub insecure: bool,
+}
+
+/// Starts the function host with no function, its catalogue to be fed
+/// through the [`Serving`] returned (Kubernetes mode). On a TCP listener
+/// without `insecure`, TLS with client certificates required: until
+/// [`Serving::apply`] gives certificates and [`ClientCa::replace`] a CA,
+/// every handshake is refused.
+pub async fn start_external(
+    config: &ExternalConfig,
+    runner: Arc<Runner>,
+    function_metrics: Arc<FunctionMetrics>,
+    tls_metrics: Arc<HandshakeMetrics>,
+    socket_mode: u32,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(FunctionsDaemon, Arc<Serving>)> {
+    catalogue::check_dns_label(&config.namespace)
+        .map_err(|e| anyhow::anyhow!("--functions-namespace {e}"))?;
+    let addr: ListenAddr = config.listen.parse().context("--functions-listen")?;
+    let tls = !config.insecure && matches!(addr, ListenAddr::Tcp(_));
+    let (resolver, client_ca, server_config) = if tls {
+        let resolver = Arc::new(SniResolver::new(CertSet::default()));
+        let client_ca = Arc::new(ClientCa::default());
+        let server_config = tls::server_config_following(resolver.clone(), client_ca.clone())
+            .context("the functions listener's TLS")?;
+        let accept = tls_accept(&resolver, server_config, tls_metrics);
+        (Some(resolver), Some(client_ca), Some(accept))
+    } else {
+        (None, None, None)
+    };
+    let started = serve(
+        Listening {
+            addr,
+            namespace: config.namespace.clone(),
+            resolver,
+            client_ca,
+            server_config,
+            socket_mode,
+        },
+        runner,
+        function_metrics,
+        shutdown,
+    )
+    .await?;
+    tracing::info!(
+        address = %started.0.address,
+        transport = if tls { "TLS, client certificates required" } else { "h2c" },
+        namespace = config.namespace,
+        "serving Crossplane functions from the Kubernetes API"
+    );
+    Ok((started.0.daemon, started.1))
+}
+
+/// What [`serve`] needs to listen.
+struct Listening {
+    addr: ListenAddr,
+    namespace: String,
+    resolver: Option<Arc<SniResolver>>,
+    client_ca: Option<Arc<ClientCa>>,
+    server_config: Option<TlsAccept>,
+    socket_mode: u32,
+}
+
+/// A daemon just started, and its address.
+struct Started {
+    daemon: FunctionsDaemon,
+    address: ListenAddr,
+}
+
+/// The TLS accept of the functions listener: names no function answers to
+/// are refused before the handshake goes on.
+fn tls_accept(
+    resolver: &Arc<SniResolver>,
+    config: Arc<rustls::ServerConfig>,
+    tls_metrics: Arc<HandshakeMetrics>,
+) -> TlsAccept {
+    let names = resolver.clone();
+    TlsAccept::new(
+        ListenerKind::Functions,
+        config,
+        Some(Arc::new(move |name| names.refusal(name))),
+        tls_metrics,
+    )
+}
+
+/// Binds the listener and serves a host of no function yet.
+async fn serve(
+    listening: Listening,
+    runner: Arc<Runner>,
+    function_metrics: Arc<FunctionMetrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(Started, Arc<Serving>)> {
+    let host = Arc::new(Host::new(
+        runner,
+        Routing::ByName {
+            namespace: listening.namespace.clone(),
+        },
+        function_metrics,
+    ));
+    let (router, health) = listener::services(host.clone())?;
+    listener::serving(&health, &[]).await;
+    let listener = listening.addr.bind(listening.socket_mode)?;
+    let socket_file = match &listener {
+        Listener::Unix(_, path) => path.clone(),
+        Listener::Tcp(_) => None,
+    };
+    let server = listener::serve(router, listener, listening.server_config, shutdown);
+    let serving = Arc::new(Serving {
         host,
-        server,
-        reloader,
         health,
+        namespace: listening.namespace,
+        resolver: listening.resolver,
+        client_ca: listening.client_ca,
+        names: tokio::sync::Mutex::new(Vec::new()),
+    });
+    let daemon = FunctionsDaemon {
+        serving: serving.clone(),
+        server,
+        reloader: None,
         socket_file,
-    }))
+    };
+    Ok((
+        Started {
+            daemon,
+            address: listening.addr,
+        },
+        serving,
+    ))
 }
 
 impl FunctionsDaemon {
     /// The host, for its metrics.
     pub fn host(&self) -> &Arc<Host> {
-        &self.host
+        &self.serving.host
     }
 
     /// Makes health say NOT_SERVING for the listener, both
@@ -211,26 +385,31 @@ impl FunctionsDaemon {
     /// (a reload would say SERVING again); calls are still served.
     pub async fn not_serving(&self) {
         use tonic_health::ServingStatus::NotServing;
-        self.reloader.abort();
+        if let Some(reloader) = &self.reloader {
+            reloader.abort();
+        }
         let services = [
             "",
             fnrun_api::v1::SERVICE_NAME,
             fnrun_api::v1beta1::SERVICE_NAME,
         ];
+        let health = &self.serving.health;
         for service in services
             .into_iter()
             .map(str::to_owned)
-            .chain(self.host.names())
+            .chain(self.serving.host.names())
         {
-            self.health.set_service_status(&service, NotServing).await;
+            health.set_service_status(&service, NotServing).await;
         }
     }
 
     /// Lets calls in flight finish (within `grace`), stops every function
     /// server, and waits for the listener to close.
     pub async fn stop(self, grace: Duration) {
-        self.reloader.abort();
-        self.host.shutdown(grace).await;
+        if let Some(reloader) = &self.reloader {
+            reloader.abort();
+        }
+        self.serving.host.shutdown(grace).await;
         match tokio::time::timeout(grace, self.server).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => tracing::warn!("functions listener ended with an error: {e}"),
@@ -251,11 +430,9 @@ struct Reloader {
     check_every: Duration,
     file: Option<PathBuf>,
     flags: Vec<String>,
-    namespace: String,
-    host: Arc<Host>,
-    tls: Option<(CertSource, Arc<SniResolver>)>,
-    health: HealthReporter,
-    names: Vec<String>,
+    serving: Arc<Serving>,
+    /// Where certificates come from, when the listener serves TLS.
+    certs: Option<CertSource>,
 }
 
 impl Reloader {
@@ -287,7 +464,7 @@ impl Reloader {
                         }
                     }
                     _ = remint.tick() => {
-                        if matches!(self.tls, Some((CertSource::Mint { .. }, _))) {
+                        if matches!(self.certs, Some(CertSource::Mint { .. })) {
                             self.reload().await;
                         }
                     }
@@ -341,15 +518,10 @@ impl Reloader {
         self.seen = contents;
         let catalogue = catalogue?;
         let names: Vec<String> = catalogue.names().map(str::to_owned).collect();
-        if let Some((source, resolver)) = &self.tls {
-            resolver.replace(source.cert_set(&names, &self.namespace)?);
-        }
-        let changes = self.host.apply(&catalogue);
-        listener::serving(&self.health, &names).await;
-        for gone in self.names.iter().filter(|n| !names.contains(n)) {
-            self.health.clear_service_status(gone).await;
-        }
-        self.names = names;
-        Ok(changes)
+        let certs = match &self.certs {
+            Some(source) => Some(source.cert_set(&names, &self.serving.namespace)?),
+            None => None,
+        };
+        Ok(self.serving.apply(&catalogue, certs).await)
     }
 }

@@ -402,6 +402,20 @@ pub async fn credentials(runner: &Runner, def: &FunctionDef) -> Result<Credentia
         CredentialSource::PullSecret(path) => {
             docker_config::credentials_from_pull_secret(cache.default_registry(), &image, path)
         }
+        CredentialSource::PullSecrets(secrets) => {
+            for secret in secrets {
+                let found = docker_config::credentials_from_pull_secret_json(
+                    cache.default_registry(),
+                    &image,
+                    &secret.origin,
+                    &secret.dockerconfigjson,
+                )?;
+                if found != Credentials::Anonymous {
+                    return Ok(found);
+                }
+            }
+            Ok(Credentials::Anonymous)
+        }
     })
     .await
     .map_err(|_| HostError::ShuttingDown)?;

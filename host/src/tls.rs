@@ -122,24 +122,7 @@ pub fn server_config(
         path: client_ca.to_owned(),
         err,
     })?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok) {
-        roots.add(cert).map_err(|e| TlsError::Verifier {
-            path: client_ca.to_owned(),
-            err: e.to_string(),
-        })?;
-    }
-    if roots.is_empty() {
-        return Err(TlsError::NoCertificate {
-            path: client_ca.to_owned(),
-        });
-    }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .build()
-        .map_err(|e| TlsError::Verifier {
-            path: client_ca.to_owned(),
-            err: e.to_string(),
-        })?;
+    let verifier = verifier(client_ca, &pem, provider.clone())?;
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Verifier {
@@ -150,4 +133,166 @@ pub fn server_config(
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// A client verifier whose trusted CA can be replaced while serving
+/// (Kubernetes mode follows the `crossplane-root-ca` Secret). Until a CA is
+/// set, every client certificate is refused.
+///
+/// It sends no root hints (the CA's subject in CertificateRequest): a hint
+/// that may change between handshakes would have to be borrowed from the
+/// current CA. Clients then offer their certificate whatever its issuer (Go's
+/// crypto/tls does so when the server names no acceptable CA), and the
+/// verification against the current CA decides.
+#[derive(Debug)]
+pub struct ClientCa {
+    inner: RwLock<Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl Default for ClientCa {
+    fn default() -> Self {
+        ClientCa {
+            inner: RwLock::new(None),
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+        }
+    }
+}
+
+impl ClientCa {
+    /// Trusts the PEM certificates of `pem` (named `origin` in errors) from
+    /// the next handshake on.
+    pub fn replace(&self, origin: &Path, pem: &[u8]) -> Result<(), TlsError> {
+        let verifier = verifier(origin, pem, self.provider.clone())?;
+        *self
+            .inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(verifier);
+        Ok(())
+    }
+
+    fn current(
+        &self,
+    ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, rustls::Error> {
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| {
+                rustls::Error::General(
+                    "no client CA yet: client certificates cannot be verified".to_owned(),
+                )
+            })
+    }
+}
+
+impl rustls::server::danger::ClientCertVerifier for ClientCa {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        self.current()?
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A verifier of client certificates signed by the PEM bundle `pem`.
+fn verifier(
+    origin: &Path,
+    pem: &[u8],
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let failed = |err: String| TlsError::Verifier {
+        path: origin.to_owned(),
+        err,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem).filter_map(Result::ok) {
+        roots.add(cert).map_err(|e| failed(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: origin.to_owned(),
+        });
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| failed(e.to_string()))
+}
+
+/// The server config of Kubernetes mode: certificates from `resolver`,
+/// client certificates verified against `client_ca` (replaced when the CA
+/// changes), ALPN `h2`.
+pub fn server_config_following(
+    resolver: Arc<SniResolver>,
+    client_ca: Arc<ClientCa>,
+) -> Result<Arc<ServerConfig>, rustls::Error> {
+    let provider = client_ca.provider.clone();
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(client_ca)
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod client_ca_tests {
+    use super::*;
+    use rustls::server::danger::ClientCertVerifier;
+
+    #[test]
+    fn a_client_ca_refuses_until_set_and_refuses_what_is_no_certificate() {
+        let ca = ClientCa::default();
+        let cert = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x01]);
+        let err = ca
+            .verify_client_cert(&cert, &[], rustls::pki_types::UnixTime::now())
+            .unwrap_err();
+        assert!(err.to_string().contains("no client CA yet"), "{err}");
+        assert!(ca.root_hint_subjects().is_empty());
+        let origin = Path::new("secret crossplane-system/crossplane-root-ca tls.crt");
+        let err = ca.replace(origin, b"not a PEM").unwrap_err().to_string();
+        assert!(err.contains("crossplane-root-ca tls.crt"), "{err}");
+        assert!(err.contains("no PEM certificate"), "{err}");
+    }
 }

@@ -177,6 +177,36 @@ pub fn credentials_from_pull_secret(
     credentials_from_named_file(default_registry, image, path, None)
 }
 
+/// Credentials for `image` from the `.dockerconfigjson` of a
+/// `kubernetes.io/dockerconfigjson` Secret read through the API (`origin`
+/// names it in errors, as `secret NAMESPACE/NAME`): its `auths`, as the
+/// kubelet reads them, never a credential helper.
+pub fn credentials_from_pull_secret_json(
+    default_registry: &str,
+    image: &str,
+    origin: &str,
+    bytes: &[u8],
+) -> Result<Credentials, DockerConfigError> {
+    let Ok(ImageRef::Registry { registry, .. }) = ImageRef::parse(image, default_registry) else {
+        return Ok(Credentials::Anonymous);
+    };
+    let path = PathBuf::from(origin);
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(DockerConfigError::TooLarge {
+            path,
+            limit: MAX_CONFIG_BYTES,
+        });
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Credentials::Anonymous);
+    }
+    let json: Value = serde_json::from_slice(bytes).map_err(|err| DockerConfigError::Parse {
+        path: path.clone(),
+        err,
+    })?;
+    lookup_auths(&json, &registry).map_err(|err| DockerConfigError::Setting { path, err })
+}
+
 fn credentials_from_named_file(
     default_registry: &str,
     image: &str,
@@ -700,6 +730,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("is not base64"), "{err}");
+    }
+
+    #[test]
+    fn a_pull_secret_read_through_the_api_gives_its_auths_only() {
+        let json = json!({
+            "auths": {"r.example:5000": {"auth": b64("secret-user:s3cret")}},
+            "credsStore": "would-run",
+        })
+        .to_string();
+        let origin = "secret crossplane-system/pull";
+        let creds = |image: &str, bytes: &[u8]| {
+            credentials_from_pull_secret_json("index.docker.io", image, origin, bytes)
+        };
+        assert_eq!(
+            creds("r.example:5000/fns/f:v1", json.as_bytes()).unwrap(),
+            basic("secret-user", "s3cret")
+        );
+        assert_eq!(
+            creds("other.example/fns/f:v1", json.as_bytes()).unwrap(),
+            Credentials::Anonymous
+        );
+        assert_eq!(
+            creds("r.example:5000/f:v1", b" \n").unwrap(),
+            Credentials::Anonymous
+        );
+        let err = creds("r.example:5000/f:v1", b"{").unwrap_err().to_string();
+        assert!(
+            err.starts_with("cannot parse secret crossplane-system/pull"),
+            "{err}"
+        );
+        let huge = vec![b' '; usize::try_from(MAX_CONFIG_BYTES).unwrap() + 1];
+        let err = creds("r.example:5000/f:v1", &huge).unwrap_err().to_string();
+        assert!(err.contains("too large"), "{err}");
     }
 
     #[test]
