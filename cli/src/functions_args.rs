@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use fnrun_host::daemon::FunctionsConfig;
+use fnrun_host::daemon::{ExternalConfig, FunctionsConfig};
 
 /// Crossplane v1 functions (Function packages), served as Crossplane's
 /// External function runtime.
@@ -53,12 +53,75 @@ pub struct FunctionsArgs {
         conflicts_with_all = ["functions_client_ca", "functions_ca_cert", "functions_certs_dir"]
     )]
     pub functions_insecure: bool,
+    /// Kubernetes mode: serve every Function installed in Crossplane (started
+    /// with --package-runtime=Function=External), read from the API server
+    /// (in a pod: its service account; else KUBECONFIG), with a Service per
+    /// Function, certificates minted from Crossplane's CA Secret, and the
+    /// revisions' runtime status written (docs/crossplane.md).
+    #[arg(
+        long,
+        conflicts_with_all = [
+            "functions_file", "function", "functions_client_ca", "functions_ca_cert",
+            "functions_ca_key", "functions_certs_dir",
+        ]
+    )]
+    pub functions_kubernetes: bool,
+    /// Kubernetes mode: the Secret (in --functions-namespace) holding
+    /// Crossplane's CA (tls.crt, tls.key).
+    #[arg(long, value_name = "NAME", default_value = fnrun_controller::DEFAULT_CA_SECRET)]
+    pub functions_ca_secret: String,
+    /// Kubernetes mode: the labels of fnrun's pods, which each function's
+    /// Service selects.
+    #[arg(
+        long,
+        value_name = "KEY=VALUE,...",
+        default_value = "app.kubernetes.io/name=fnrun,app.kubernetes.io/component=functions"
+    )]
+    pub functions_service_selector: String,
+    /// Kubernetes mode: the Lease (in --functions-namespace) the replicas
+    /// elect the one that writes with.
+    #[arg(long, value_name = "NAME", default_value = fnrun_controller::DEFAULT_LEASE)]
+    pub functions_lease: String,
+    /// Kubernetes mode: this replica's name in the Lease (default: the host
+    /// name, a pod's name).
+    #[arg(long, value_name = "NAME", env = "POD_NAME")]
+    pub functions_identity: Option<String>,
 }
 
 impl FunctionsArgs {
     /// Whether any function is configured: the host runs only then.
     pub fn enabled(&self) -> bool {
-        self.config().enabled()
+        self.functions_kubernetes || self.config().enabled()
+    }
+
+    /// Kubernetes mode's settings, if it is on.
+    pub fn kubernetes(&self) -> anyhow::Result<Option<(ExternalConfig, fnrun_controller::Config)>> {
+        if !self.functions_kubernetes {
+            return Ok(None);
+        }
+        let service_selector =
+            fnrun_controller::status::parse_selector(&self.functions_service_selector)
+                .map_err(|e| anyhow::anyhow!("--functions-service-selector: {e}"))?;
+        let identity = match &self.functions_identity {
+            Some(identity) if !identity.is_empty() => identity.clone(),
+            _ => nix::unistd::gethostname()
+                .map_err(|e| anyhow::anyhow!("--functions-identity: no host name to take: {e}"))?
+                .to_string_lossy()
+                .into_owned(),
+        };
+        let listener = ExternalConfig {
+            listen: self.functions_listen.clone(),
+            namespace: self.functions_namespace.clone(),
+            insecure: self.functions_insecure,
+        };
+        let controller = fnrun_controller::Config {
+            namespace: self.functions_namespace.clone(),
+            ca_secret: (!self.functions_insecure).then(|| self.functions_ca_secret.clone()),
+            identity,
+            lease: self.functions_lease.clone(),
+            service_selector,
+        };
+        Ok(Some((listener, controller)))
     }
 
     /// The flags as the function host's configuration.

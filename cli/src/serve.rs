@@ -233,17 +233,63 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     }
 
     // Crossplane v1 functions, when any is configured: their own listener.
-    let functions = fnrun_host::daemon::start(
-        &args.functions.config(),
-        runner.clone(),
-        function_metrics,
-        tls_metrics,
-        args.socket_mode,
-        stopped(shutdown_rx.clone()),
-    )
-    .await?;
+    // In Kubernetes mode, the controller feeds the host its catalogue.
+    let (functions, mut controller) = match args.functions.kubernetes()? {
+        Some((listener, config)) => {
+            let client = kube::Client::try_default().await.context(
+                "--functions-kubernetes: no Kubernetes API server to read Functions from \
+                 (in a pod: its service account; else KUBECONFIG or ~/.kube/config)",
+            )?;
+            let (daemon, serving) = fnrun_host::daemon::start_external(
+                &listener,
+                runner.clone(),
+                function_metrics,
+                tls_metrics,
+                args.socket_mode,
+                stopped(shutdown_rx.clone()),
+            )
+            .await?;
+            let controller = tokio::spawn(fnrun_controller::run(
+                client,
+                serving,
+                config,
+                stopped(shutdown_rx.clone()),
+            ));
+            (Some(daemon), Some(controller))
+        }
+        None => (
+            fnrun_host::daemon::start(
+                &args.functions.config(),
+                runner.clone(),
+                function_metrics,
+                tls_metrics,
+                args.socket_mode,
+                stopped(shutdown_rx.clone()),
+            )
+            .await?,
+            None,
+        ),
+    };
 
-    let signal = signals.next().await;
+    // A controller that ends by itself cannot follow Crossplane any more: the
+    // daemon stops as on a signal, and exits with its error.
+    let mut controller_failed = None;
+    let signal = tokio::select! {
+        signal = signals.next() => signal,
+        ended = async { controller.as_mut().expect("only polled with a controller").await },
+            if controller.is_some() =>
+        {
+            controller = None;
+            let error = match ended {
+                Ok(Ok(())) => anyhow::anyhow!("the Kubernetes controller ended"),
+                Ok(Err(e)) => e,
+                Err(e) => anyhow::anyhow!("the Kubernetes controller failed: {e}"),
+            };
+            tracing::error!(error = format!("{error:#}"), "Kubernetes mode: the controller stopped; shutting down");
+            controller_failed = Some(error);
+            "controller failed"
+        }
+    };
     // Health says NOT_SERVING first, while every listener still serves: a
     // Kubernetes endpoint or a load balancer takes a moment to stop sending
     // here, and a call it sends meanwhile must not be refused.
@@ -305,6 +351,20 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     }
     for path in socket_files {
         let _ = std::fs::remove_file(&path);
+    }
+    // The controller ends at the shutdown, releasing the Lease if it held it.
+    if let Some(controller) = controller {
+        match tokio::time::timeout(Duration::from_secs(10), controller).await {
+            Ok(Ok(Err(e))) => tracing::warn!(
+                error = format!("{e:#}"),
+                "the Kubernetes controller ended with an error"
+            ),
+            Ok(_) => {}
+            Err(_) => tracing::warn!("the Kubernetes controller did not stop in time"),
+        }
+    }
+    if let Some(error) = controller_failed {
+        return Err(error);
     }
     tracing::info!("stopped");
     Ok(())

@@ -1,0 +1,352 @@
+//! What the leader writes, as server-side apply objects: a Service per
+//! Function, and the runtime's part of each FunctionRevision's status. Pure:
+//! built here, sent by the reconciler.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::resources::{Condition, FunctionRevision};
+use crate::{Config, SERVICE_PORT};
+
+/// Labels of the Services fnrun owns: found again by them after a restart.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "fnrun");
+/// The label naming a Service's Function.
+pub const FUNCTION_LABEL: &str = "pkg.crossplane.io/function";
+
+/// Condition types and reasons, as Crossplane's Deployment runtime writes
+/// them (`pkg.crossplane.io/v1`).
+pub const RUNTIME_HEALTHY: &str = "RuntimeHealthy";
+pub const RUNTIME_ACTIVE: &str = "RuntimeActive";
+const REASON_HEALTHY: &str = "HealthyPackageRevision";
+const REASON_UNHEALTHY: &str = "UnhealthyPackageRevision";
+const REASON_UNKNOWN: &str = "UnknownPackageRevisionHealth";
+const REASON_ACTIVE: &str = "ActivePackageRevision";
+const REASON_INACTIVE: &str = "InactivePackageRevision";
+
+/// Most bytes of a condition's message (a start failure's output tail).
+pub const MESSAGE_MAX: usize = 2048;
+
+/// The endpoint Crossplane dials for Function `name`: the same for every
+/// revision.
+pub fn endpoint(name: &str, namespace: &str) -> String {
+    format!("dns:///{name}.{namespace}:{SERVICE_PORT}")
+}
+
+/// The Service of Function `name` (uid `uid`), owned by it.
+pub fn service(name: &str, uid: &str, config: &Config) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": config.namespace,
+            "labels": {
+                MANAGED_BY.0: MANAGED_BY.1,
+                FUNCTION_LABEL: name,
+            },
+            "ownerReferences": [{
+                "apiVersion": "pkg.crossplane.io/v1",
+                "kind": "Function",
+                "name": name,
+                "uid": uid,
+            }],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": config.service_selector,
+            "ports": [{
+                "name": "grpc",
+                "port": SERVICE_PORT,
+                "targetPort": SERVICE_PORT,
+                "protocol": "TCP",
+            }],
+        },
+    })
+}
+
+/// How the runtime of an active revision is, as fnrun knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// Its image has been pulled and its server answered.
+    Healthy,
+    /// Being pulled and started.
+    Starting,
+    /// It cannot be served: why.
+    Unhealthy(String),
+}
+
+/// The status fnrun applies to revision `rev` of Function `name`: for the
+/// active one the endpoint, the TLS Secret and both conditions; for another
+/// `RuntimeActive` False only. A condition whose status does not change
+/// keeps its `lastTransitionTime`.
+pub fn revision_status(
+    rev: &FunctionRevision,
+    name: &str,
+    health: Option<&Health>,
+    config: &Config,
+    now: &str,
+) -> Value {
+    let rev_name = rev.metadata.name.clone().unwrap_or_default();
+    let condition = |type_: &str, status: &str, reason: &str, message: &str| {
+        let since = rev
+            .condition(type_)
+            .filter(|c| c.status == status)
+            .and_then(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| now.to_owned());
+        let mut c = json!({
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "lastTransitionTime": since,
+        });
+        if !message.is_empty() {
+            c["message"] = json!(fnrun_api::text::bounded(message, MESSAGE_MAX));
+        }
+        c
+    };
+    let mut status = serde_json::Map::new();
+    match health {
+        Some(health) if rev.is_active() => {
+            status.insert("endpoint".into(), json!(endpoint(name, &config.namespace)));
+            if let Some(secret) = &config.ca_secret {
+                status.insert("tlsServerSecretName".into(), json!(secret));
+            }
+            let healthy = match health {
+                Health::Healthy => condition(RUNTIME_HEALTHY, "True", REASON_HEALTHY, ""),
+                // A revision already healthy stays so while a replica that
+                // just started (or took the lead) tries it again: a restart
+                // of fnrun does not flap the Function's health.
+                Health::Starting
+                    if rev
+                        .condition(RUNTIME_HEALTHY)
+                        .is_some_and(|c| c.status == "True") =>
+                {
+                    condition(RUNTIME_HEALTHY, "True", REASON_HEALTHY, "")
+                }
+                Health::Starting => condition(
+                    RUNTIME_HEALTHY,
+                    "Unknown",
+                    REASON_UNKNOWN,
+                    "fnrun is pulling the function's image and starting its server",
+                ),
+                Health::Unhealthy(why) => {
+                    condition(RUNTIME_HEALTHY, "False", REASON_UNHEALTHY, why)
+                }
+            };
+            let active = condition(
+                RUNTIME_ACTIVE,
+                "True",
+                REASON_ACTIVE,
+                &format!("served by fnrun at {}", endpoint(name, &config.namespace)),
+            );
+            status.insert("conditions".into(), json!([healthy, active]));
+        }
+        _ => {
+            status.insert(
+                "conditions".into(),
+                json!([condition(
+                    RUNTIME_ACTIVE,
+                    "False",
+                    REASON_INACTIVE,
+                    "not the active revision: fnrun does not serve it",
+                )]),
+            );
+        }
+    }
+    json!({
+        "apiVersion": "pkg.crossplane.io/v1",
+        "kind": "FunctionRevision",
+        "metadata": {"name": rev_name},
+        "status": Value::Object(status),
+    })
+}
+
+/// Whether `rev` already says what `applied` would write (its conditions
+/// and fields), so that nothing needs to be sent.
+pub fn already_applied(rev: &FunctionRevision, applied: &Value) -> bool {
+    let have = serde_json::to_value(&rev.status).unwrap_or_default();
+    let want = &applied["status"];
+    for key in ["endpoint", "tlsServerSecretName"] {
+        if let Some(v) = want.get(key)
+            && have.get(key) != Some(v)
+        {
+            return false;
+        }
+    }
+    let Some(conditions) = want["conditions"].as_array() else {
+        return true;
+    };
+    conditions.iter().all(|want| {
+        let Ok(want) = serde_json::from_value::<Condition>(want.clone()) else {
+            return false;
+        };
+        rev.condition(&want.type_).is_some_and(|have| {
+            have.status == want.status && have.reason == want.reason && have.message == want.message
+        })
+    })
+}
+
+/// The labels of a selector flag, `K=V,K=V`.
+pub fn parse_selector(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut labels = BTreeMap::new();
+    for pair in text.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not KEY=VALUE"))?;
+        if k.is_empty() || k.len() > 317 || v.len() > 63 {
+            return Err(format!("{pair:?} is not a label"));
+        }
+        labels.insert(k.to_owned(), v.to_owned());
+    }
+    if labels.is_empty() {
+        return Err("no label".to_owned());
+    }
+    Ok(labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{FunctionRevisionSpec, FunctionRevisionStatus};
+
+    fn config() -> Config {
+        Config {
+            namespace: "crossplane-system".into(),
+            ca_secret: Some("crossplane-root-ca".into()),
+            identity: "a".into(),
+            lease: "fnrun-functions".into(),
+            service_selector: parse_selector("app=fnrun").unwrap(),
+        }
+    }
+
+    fn revision(state: &str, conditions: Vec<Condition>) -> FunctionRevision {
+        let mut rev = FunctionRevision::new(
+            "fn-a-1234",
+            FunctionRevisionSpec {
+                desired_state: state.into(),
+                ..Default::default()
+            },
+        );
+        rev.status = Some(FunctionRevisionStatus {
+            conditions,
+            ..Default::default()
+        });
+        rev
+    }
+
+    #[test]
+    fn the_service_selects_fnrun_and_is_owned_by_the_function() {
+        let svc = service("fn-a", "uid-1", &config());
+        assert_eq!(svc["metadata"]["namespace"], "crossplane-system");
+        assert_eq!(svc["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+        assert_eq!(svc["metadata"]["ownerReferences"][0]["kind"], "Function");
+        assert_eq!(svc["metadata"]["labels"][MANAGED_BY.0], "fnrun");
+        assert_eq!(svc["spec"]["selector"]["app"], "fnrun");
+        assert_eq!(svc["spec"]["ports"][0]["port"], 9443);
+    }
+
+    #[test]
+    fn the_active_revision_gets_endpoint_secret_and_both_conditions() {
+        let rev = revision("Active", vec![]);
+        let applied = revision_status(&rev, "fn-a", Some(&Health::Healthy), &config(), "T1");
+        let status = &applied["status"];
+        assert_eq!(status["endpoint"], "dns:///fn-a.crossplane-system:9443");
+        assert_eq!(status["tlsServerSecretName"], "crossplane-root-ca");
+        assert_eq!(status["conditions"][0]["type"], "RuntimeHealthy");
+        assert_eq!(status["conditions"][0]["status"], "True");
+        assert_eq!(status["conditions"][0]["reason"], "HealthyPackageRevision");
+        assert_eq!(status["conditions"][0]["lastTransitionTime"], "T1");
+        assert_eq!(status["conditions"][1]["type"], "RuntimeActive");
+        assert!(!already_applied(&rev, &applied));
+
+        let failed = Health::Unhealthy(format!("pull failed: {}", "x".repeat(5000)));
+        let applied = revision_status(&rev, "fn-a", Some(&failed), &config(), "T1");
+        let c = &applied["status"]["conditions"][0];
+        assert_eq!(c["status"], "False");
+        assert!(
+            c["message"].as_str().unwrap().len() <= MESSAGE_MAX + 64,
+            "{c}"
+        );
+    }
+
+    #[test]
+    fn an_unchanged_condition_keeps_its_transition_time() {
+        let old = Condition {
+            type_: "RuntimeHealthy".into(),
+            status: "True".into(),
+            reason: "HealthyPackageRevision".into(),
+            message: String::new(),
+            last_transition_time: Some("T0".into()),
+        };
+        let rev = revision("Active", vec![old]);
+        let applied = revision_status(&rev, "fn-a", Some(&Health::Healthy), &config(), "T1");
+        assert_eq!(
+            applied["status"]["conditions"][0]["lastTransitionTime"],
+            "T0"
+        );
+        let failed = Health::Unhealthy("gone".into());
+        let applied = revision_status(&rev, "fn-a", Some(&failed), &config(), "T1");
+        assert_eq!(
+            applied["status"]["conditions"][0]["lastTransitionTime"],
+            "T1"
+        );
+        assert_eq!(applied["status"]["conditions"][0]["status"], "False");
+    }
+
+    #[test]
+    fn a_healthy_revision_stays_healthy_while_it_is_tried_again() {
+        let rev = revision("Active", vec![]);
+        let applied = revision_status(&rev, "fn-a", Some(&Health::Starting), &config(), "T1");
+        assert_eq!(applied["status"]["conditions"][0]["status"], "Unknown");
+        let healthy = Condition {
+            type_: "RuntimeHealthy".into(),
+            status: "True".into(),
+            reason: "HealthyPackageRevision".into(),
+            message: String::new(),
+            last_transition_time: Some("T0".into()),
+        };
+        let rev = revision("Active", vec![healthy]);
+        let applied = revision_status(&rev, "fn-a", Some(&Health::Starting), &config(), "T1");
+        assert_eq!(applied["status"]["conditions"][0]["status"], "True");
+        assert_eq!(
+            applied["status"]["conditions"][0]["lastTransitionTime"],
+            "T0"
+        );
+        assert!(already_applied(&rev, &applied) || rev.condition("RuntimeActive").is_none());
+    }
+
+    #[test]
+    fn an_inactive_revision_gets_runtime_active_false_only() {
+        let rev = revision("Inactive", vec![]);
+        let applied = revision_status(&rev, "fn-a", Some(&Health::Healthy), &config(), "T1");
+        assert!(applied["status"].get("endpoint").is_none());
+        let conditions = applied["status"]["conditions"].as_array().unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0]["type"], "RuntimeActive");
+        assert_eq!(conditions[0]["status"], "False");
+    }
+
+    #[test]
+    fn what_is_already_there_is_not_written_again() {
+        let rev = revision("Active", vec![]);
+        let applied = revision_status(&rev, "fn-a", Some(&Health::Healthy), &config(), "T1");
+        let mut written = rev.clone();
+        let status: FunctionRevisionStatus =
+            serde_json::from_value(applied["status"].clone()).unwrap();
+        written.status = Some(status);
+        assert!(already_applied(&written, &applied));
+        let failed = Health::Unhealthy("pull failed".into());
+        let changed = revision_status(&written, "fn-a", Some(&failed), &config(), "T2");
+        assert!(!already_applied(&written, &changed));
+    }
+
+    #[test]
+    fn selectors_are_key_value_pairs() {
+        let labels = parse_selector("a=b,c.d/e=f").unwrap();
+        assert_eq!(labels.len(), 2);
+        assert_eq!(labels["c.d/e"], "f");
+        assert!(parse_selector("").is_err());
+        assert!(parse_selector("a").is_err());
+    }
+}
