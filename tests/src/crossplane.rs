@@ -83,6 +83,7 @@ mod kubernetes;
 mod package;
 mod python_sdk;
 pub mod render;
+pub mod xr;
 
 use std::path::PathBuf;
 

@@ -1,11 +1,12 @@
-//! docs/crossplane.md's "In Kubernetes, step by step", followed to the
-//! letter against the real peers: a Kubernetes control plane
+//! docs/crossplane.md's "With a functions file, step by step" (fnrun without
+//! the Kubernetes controller), followed to the letter against the real peers: a
+//! Kubernetes control plane
 //! (`fnrun_tests::kube::ControlPlane`: etcd and kube-apiserver, RBAC on), the
 //! real Crossplane core out of cluster with the External function runtime
 //! (`fnrun_tests::crossplane::Core`), the released
 //! function-patch-and-transform as a Function package in the tests'
 //! registry, and `fnrun serve --functions` on the host run with the
-//! arguments of `deploy/crossplane/deployment.yaml`, its functions file and CA
+//! arguments of `deploy/crossplane-file/deployment.yaml`, its functions file and CA
 //! read from the ConfigMap and the Secret that Deployment mounts. The docs'
 //! shell blocks are run as they are written. A namespaced XR of a v2 XRD,
 //! composed by a pipeline of the real function, becomes Ready with its
@@ -23,171 +24,19 @@
 use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use fnrun_tests::crossplane::xr::{
+    COMPOSITION, XR, XRD, assert_composed, condition, docs_step, sh, wait_for,
+};
 use fnrun_tests::crossplane::{Core, NAMESPACE, PATCH_AND_TRANSFORM, ROOT_CA_SECRET, loopback_ip};
 use fnrun_tests::daemon::{Daemon, DaemonOpts, Listen};
 use fnrun_tests::kube::ControlPlane;
-use fnrun_tests::process::run_capture;
 use fnrun_tests::registry::{Registry, free_port, http_get};
 use fnrun_tests::user::{TestUser, require_root, rootless_user};
 use fnrun_tests::workspace_root;
 
-const XRD: &str = r#"
-apiVersion: apiextensions.crossplane.io/v2
-kind: CompositeResourceDefinition
-metadata:
-  name: xapps.example.fnrun.dev
-spec:
-  group: example.fnrun.dev
-  names:
-    kind: XApp
-    plural: xapps
-  scope: Namespaced
-  versions:
-    - name: v1
-      served: true
-      referenceable: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          properties:
-            spec:
-              type: object
-              properties:
-                color:
-                  type: string
-"#;
-
-const COMPOSITION: &str = r#"
-apiVersion: apiextensions.crossplane.io/v1
-kind: Composition
-metadata:
-  name: xapps.example.fnrun.dev
-spec:
-  compositeTypeRef:
-    apiVersion: example.fnrun.dev/v1
-    kind: XApp
-  mode: Pipeline
-  pipeline:
-    - step: patch-and-transform
-      functionRef:
-        name: function-patch-and-transform
-      input:
-        apiVersion: pt.fn.crossplane.io/v1beta1
-        kind: Resources
-        resources:
-          - name: settings
-            base:
-              apiVersion: v1
-              kind: ConfigMap
-              data:
-                owner: fnrun
-            patches:
-              - type: FromCompositeFieldPath
-                fromFieldPath: spec.color
-                toFieldPath: data.color
-                transforms:
-                  - type: string
-                    string:
-                      type: Format
-                      fmt: "color-%s"
-            readinessChecks:
-              - type: None
-"#;
-
-const XR: &str = r#"
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: demo
----
-apiVersion: example.fnrun.dev/v1
-kind: XApp
-metadata:
-  name: demo
-  namespace: demo
-spec:
-  color: blue
-"#;
-
-/// The shell blocks of step `step` of the docs' "In Kubernetes, step by
-/// step", in order.
-fn docs_step(step: u32) -> Vec<String> {
-    let docs = std::fs::read_to_string(workspace_root().join("docs/crossplane.md")).unwrap();
-    let section = docs
-        .split("## In Kubernetes, step by step")
-        .nth(1)
-        .expect("the docs have the section")
-        .split("\n## ")
-        .next()
-        .unwrap();
-    let start = format!("\n{step}. ");
-    let body = section
-        .split(&start)
-        .nth(1)
-        .unwrap_or_else(|| panic!("the docs have no step {step}"));
-    let body = body.split(&format!("\n{}. ", step + 1)).next().unwrap();
-    body.split("```sh\n")
-        .skip(1)
-        .map(|block| {
-            let block = block.split("```").next().unwrap();
-            // The docs indent blocks inside the list item.
-            block
-                .lines()
-                .map(|l| l.strip_prefix("   ").unwrap_or(l))
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .collect()
-}
-
-/// Runs `script` with `sh -e` in `dir`, with kubectl pointed at `cp`.
-fn sh(cp: &ControlPlane, dir: &Path, script: &str) -> String {
-    eprintln!("$ {script}");
-    let out = run_capture(
-        Command::new("sh")
-            .args(["-ec", script])
-            .current_dir(dir)
-            .env("KUBECONFIG", cp.kubeconfig()),
-        None,
-        Duration::from_secs(60),
-    );
-    assert_eq!(out.code, Some(0), "{script}: {out:?}");
-    eprintln!("{}{}", out.stdout, out.stderr);
-    out.stdout
-}
-
-/// Waits up to `timeout` for `check` to give a value.
-fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> Option<T>,
-    log: &dyn Fn() -> String,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        if Instant::now() >= deadline {
-            panic!("{what}: not within {timeout:?}\n{}", log());
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-fn condition(object: &serde_json::Value, kind: &str) -> Option<String> {
-    object["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
-        .and_then(|c| c["status"].as_str())
-        .map(str::to_owned)
-}
-
-/// `fnrun serve` as `deploy/crossplane/deployment.yaml` runs it: its args,
+/// `fnrun serve` as `deploy/crossplane-file/deployment.yaml` runs it: its args,
 /// with the files it mounts (the ConfigMap's functions file, the Secret's CA)
 /// read from the API server into `dir`, listening on `ip` instead of every
 /// address, its metrics on a free port of 127.0.0.1 (returned with it).
@@ -300,6 +149,9 @@ fn start_fnrun(
     (daemon, metrics)
 }
 
+/// The docs' section this test follows.
+const FILE_STEPS: &str = "## With a functions file, step by step";
+
 #[test]
 fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
     if !require_root("the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane") {
@@ -329,12 +181,12 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
         )
     };
 
-    // A copy of the repository's deploy/crossplane, where step 3 lists the
+    // A copy of the repository's deploy/crossplane-file, where step 3 lists the
     // function: its name, its Function's spec.package as image.
     let work = tempfile::tempdir().unwrap();
-    let deploy = work.path().join("deploy/crossplane");
+    let deploy = work.path().join("deploy/crossplane-file");
     std::fs::create_dir_all(deploy.join("services")).unwrap();
-    let source = workspace_root().join("deploy/crossplane");
+    let source = workspace_root().join("deploy/crossplane-file");
     for sub in ["", "services"] {
         for entry in std::fs::read_dir(source.join(sub)).unwrap() {
             let path = entry.unwrap().path();
@@ -364,7 +216,7 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
     }
 
     // Step 1: the namespace's label.
-    for block in docs_step(1) {
+    for block in docs_step(FILE_STEPS, 1) {
         sh(&cp, work.path(), &block);
     }
     let ns = cp.get_json(&["namespace", NAMESPACE]).unwrap();
@@ -375,13 +227,13 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
     // Step 2 is Helm's way to pass --package-runtime=Function=External, which
     // Core gives crossplane directly.
     assert!(
-        docs_step(2)
+        docs_step(FILE_STEPS, 2)
             .concat()
             .contains("--package-runtime=Function=External")
     );
     // Step 3: apply the manifests (there is no kubelet to roll them out: fnrun
     // runs on the host as the Deployment says).
-    let step3 = docs_step(3).concat();
+    let step3 = docs_step(FILE_STEPS, 3).concat();
     let apply = step3
         .lines()
         .find(|l| l.starts_with("kubectl apply"))
@@ -418,7 +270,7 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
     );
 
     // Step 5: the endpoint and the runtime's health, by the docs' commands.
-    for block in docs_step(5) {
+    for block in docs_step(FILE_STEPS, 5) {
         sh(&cp, work.path(), &block);
     }
     let function = wait_for(
@@ -501,39 +353,5 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
             .any(|l| l.starts_with("Uid:")
                 && l.split_whitespace().nth(1) == Some(&user.uid.to_string())),
         "{status}"
-    );
-}
-
-/// Waits until the XApp `name` in namespace `demo` is Ready and Synced, and
-/// checks the one ConfigMap composed for it.
-fn assert_composed(cp: &ControlPlane, name: &str, color: &str, log: &dyn Fn() -> String) {
-    let xr = wait_for(
-        &format!("the XR {name} Ready"),
-        Duration::from_secs(180),
-        || {
-            let xr = cp
-                .get_json(&["xapps.example.fnrun.dev", name, "-n", "demo"])
-                .ok()?;
-            (condition(&xr, "Ready").as_deref() == Some("True")).then_some(xr)
-        },
-        log,
-    );
-    assert_eq!(condition(&xr, "Synced").as_deref(), Some("True"), "{xr}");
-    let composed = cp
-        .get_json(&[
-            "configmaps",
-            "-n",
-            "demo",
-            "-l",
-            &format!("crossplane.io/composite={name}"),
-        ])
-        .unwrap();
-    let items = composed["items"].as_array().unwrap();
-    assert_eq!(items.len(), 1, "{composed}");
-    assert_eq!(items[0]["data"]["owner"], "fnrun", "{composed}");
-    assert_eq!(items[0]["data"]["color"], color, "{composed}");
-    assert_eq!(
-        items[0]["metadata"]["annotations"]["crossplane.io/composition-resource-name"], "settings",
-        "{composed}"
     );
 }

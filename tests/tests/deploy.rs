@@ -161,7 +161,7 @@ fn termination_grace_covers_the_shutdown_delay_and_grace() {
     for file in [
         "deploy/daemonset.yaml",
         "deploy/rootless/daemonset.yaml",
-        "deploy/crossplane/deployment.yaml",
+        "deploy/crossplane-file/deployment.yaml",
     ] {
         let workload = load(file);
         let a = args(container(&workload, "fnrun"));
@@ -627,13 +627,13 @@ fn seccomp_profile_lets_an_unprivileged_runner_create_namespaces_under_runc() {
     );
 }
 
-/// The Crossplane External function runtime (deploy/crossplane/): a
+/// The Crossplane External function runtime (deploy/crossplane-file/): a
 /// Deployment in Crossplane's namespace serving every function of its
 /// ConfigMap over mTLS with certificates from `crossplane-root-ca`, and a
 /// Service per function selecting its pods.
 #[test]
 fn crossplane_function_runtime_serves_every_listed_function_over_mtls() {
-    let deployment = load("deploy/crossplane/deployment.yaml");
+    let deployment = load("deploy/crossplane-file/deployment.yaml");
     assert_eq!(deployment["kind"].as_str(), Some("Deployment"));
     assert_eq!(
         at(&deployment, "metadata.namespace").as_str(),
@@ -707,7 +707,7 @@ fn crossplane_function_runtime_serves_every_listed_function_over_mtls() {
     }
 
     // The ConfigMap's functions file, and a Service for each function.
-    let cm = load("deploy/crossplane/functions.yaml");
+    let cm = load("deploy/crossplane-file/functions.yaml");
     assert_eq!(cm["kind"].as_str(), Some("ConfigMap"));
     assert_eq!(cm["metadata"]["name"].as_str(), Some(configmap_name));
     let key = functions_file.rsplit('/').next().unwrap();
@@ -721,7 +721,10 @@ fn crossplane_function_runtime_serves_every_listed_function_over_mtls() {
         .collect();
     assert!(names.len() >= 3, "{names:?}");
     let mut services = Vec::new();
-    yaml_files(&repo().join("deploy/crossplane/services"), &mut services);
+    yaml_files(
+        &repo().join("deploy/crossplane-file/services"),
+        &mut services,
+    );
     let mut service_names = Vec::new();
     for file in &services {
         let svc: Value = serde_norway::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();

@@ -1,0 +1,455 @@
+//! Kubernetes mode against the real peers: docs/crossplane.md's "In
+//! Kubernetes, step by step" followed to the letter on a Kubernetes control
+//! plane (`fnrun_tests::kube::ControlPlane`, RBAC on) with the real Crossplane
+//! core out of cluster (`--package-runtime=Function=External`), and `fnrun
+//! serve` run with the arguments of `deploy/crossplane/deployment.yaml` and
+//! the token of the ServiceAccount `deploy/crossplane/rbac.yaml` makes (never
+//! an admin's). The released function-patch-and-transform, installed as a
+//! `kind: Function`, becomes Healthy with no other step, and a namespaced XR
+//! composed by it becomes Ready. Then, each against the same control plane:
+//!
+//! - an upgrade to a new package: the new revision becomes Active and
+//!   served, the endpoint stays, the old revision is marked inactive, and an
+//!   XR created after it is composed;
+//! - a restart of fnrun while a Function's image cannot be pulled for running
+//!   (its repository gone from the registry after Crossplane read the
+//!   package): fnrun converges (the served Function stays Healthy),
+//!   `RuntimeHealthy` is False with the registry's error, and turns True
+//!   once the repository is back;
+//! - two replicas: one leader, both serve; the leader stops, the other takes
+//!   the Lease and writes what changed: a deleted Function's Service goes.
+//!
+//! What differs from a cluster, and why: as in `crossplane_kubernetes.rs`,
+//! fnrun and Crossplane run on the host (no kubelet), and Crossplane resolves
+//! `NAME.crossplane-system` through a hosts file of its own to the loopback
+//! address fnrun listens on. Without a kube-controller-manager there is no
+//! garbage collector: a deleted Function's Service goes because fnrun deletes
+//! it.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::Duration;
+
+use fnrun_tests::crossplane::xr::{
+    COMPOSITION, XR, XRD, assert_composed, condition, docs_step, sh, wait_for,
+};
+use fnrun_tests::crossplane::{Core, NAMESPACE, PATCH_AND_TRANSFORM, loopback_ip};
+use fnrun_tests::daemon::{Daemon, DaemonOpts, Listen};
+use fnrun_tests::kube::ControlPlane;
+use fnrun_tests::registry::{Registry, free_port};
+use fnrun_tests::user::require_root;
+use fnrun_tests::workspace_root;
+
+/// The docs' section this test follows.
+const STEPS: &str = "## In Kubernetes, step by step";
+/// The package the docs install, which the test replaces with its own.
+const DOCS_PACKAGE: &str = "registry.example.org/fns/function-patch-and-transform:v0.10.7";
+/// A second Function, whose repository goes missing.
+const BROKEN: &str = "function-broken";
+
+/// A kubeconfig for the ServiceAccount `fnrun-functions`: a token the API
+/// server's issuer signs, as a pod's projected token.
+fn service_account_kubeconfig(cp: &ControlPlane, dir: &Path) -> std::path::PathBuf {
+    let token = cp
+        .kubectl(&[
+            "create",
+            "token",
+            "fnrun-functions",
+            "-n",
+            NAMESPACE,
+            "--duration=2h",
+        ])
+        .expect("a token for fnrun's ServiceAccount");
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
+             users:\n- name: fnrun\n  user:\n    token: {}\ncontexts:\n- name: fnrun\n  context: {{cluster: test, user: fnrun}}\n\
+             current-context: fnrun\n",
+            cp.url(),
+            cp.ca_cert().display(),
+            token.trim()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `fnrun serve` as `deploy/crossplane/deployment.yaml` runs it, as the pod
+/// `identity`: its args, its functions listener on `ip` instead of every
+/// address, its metrics on a free port of 127.0.0.1.
+fn start_fnrun(cp: &ControlPlane, kubeconfig: &Path, ip: Ipv4Addr, identity: &str) -> Daemon {
+    let deployment = cp
+        .get_json(&["deployment", "fnrun-functions", "-n", NAMESPACE])
+        .unwrap();
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "fnrun-functions");
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name",
+        "POD_NAME is the pod's name: {container}"
+    );
+    let listen = format!("{ip}:9443");
+    let metrics = format!("127.0.0.1:{}", free_port().unwrap());
+    let mut opts = DaemonOpts::default()
+        .listen(Listen::Off {
+            ready: listen.clone(),
+        })
+        .env("KUBECONFIG", &kubeconfig.display().to_string())
+        .env("POD_NAME", identity);
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args.first(), Some(&"serve"), "{args:?}");
+    assert!(args.contains(&"--functions-kubernetes"), "{args:?}");
+    for arg in &args[1..] {
+        if *arg == "--listen=none" || arg.starts_with("--cache-dir=") {
+            continue;
+        }
+        let arg = arg
+            .replace("0.0.0.0:9443", &listen)
+            .replace("0.0.0.0:9090", &metrics);
+        opts = opts.arg(arg);
+    }
+    Daemon::start(opts).expect("fnrun serve starts as the Deployment runs it")
+}
+
+fn revisions(cp: &ControlPlane, function: &str) -> Vec<serde_json::Value> {
+    cp.get_json(&[
+        "functionrevisions",
+        "-l",
+        &format!("pkg.crossplane.io/package={function}"),
+    ])
+    .ok()
+    .and_then(|r| r["items"].as_array().cloned())
+    .unwrap_or_default()
+}
+
+fn active_revision(cp: &ControlPlane, function: &str) -> Option<serde_json::Value> {
+    revisions(cp, function)
+        .into_iter()
+        .find(|r| r["spec"]["desiredState"] == "Active")
+}
+
+fn healthy(cp: &ControlPlane, function: &str) -> Option<serde_json::Value> {
+    let f = cp.get_json(&["function", function]).ok()?;
+    (condition(&f, "Installed").as_deref() == Some("True")
+        && condition(&f, "Healthy").as_deref() == Some("True"))
+    .then_some(f)
+}
+
+fn lease_holder(cp: &ControlPlane) -> Option<String> {
+    let lease = cp
+        .get_json(&["lease", "fnrun-functions", "-n", NAMESPACE])
+        .ok()?;
+    lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+}
+
+fn function_yaml(name: &str, package: &str) -> String {
+    format!(
+        "apiVersion: pkg.crossplane.io/v1\nkind: Function\nmetadata:\n  name: {name}\nspec:\n  package: {package}\n"
+    )
+}
+
+#[test]
+fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
+    if !require_root("kubernetes_mode_serves_every_installed_function_with_no_manual_step") {
+        return;
+    }
+    let fn_name = PATCH_AND_TRANSFORM.name;
+    let registry = Registry::start().expect("registry starts");
+    let repo = format!("crossplane-contrib/{fn_name}");
+    let package = PATCH_AND_TRANSFORM
+        .image()
+        .expect("function-patch-and-transform builds and packages")
+        .push_to(
+            &registry,
+            &format!("{repo}:{}", PATCH_AND_TRANSFORM.version),
+        );
+    // The upgrade: the same function, another image (another digest).
+    let upgraded = PATCH_AND_TRANSFORM
+        .image()
+        .unwrap()
+        .env("FNRUN_TEST_PACKAGE", "2")
+        .push_to(&registry, &format!("{repo}:v0.10.8-fnrun.2"));
+    let broken_tag = PATCH_AND_TRANSFORM
+        .image()
+        .unwrap()
+        .env("FNRUN_TEST_PACKAGE", "broken")
+        .push_to(&registry, &format!("fns/{BROKEN}:v1"));
+    // By digest: Crossplane need not resolve the tag again once the
+    // repository is gone.
+    let broken = format!(
+        "{}@{}",
+        broken_tag.rsplit_once(':').unwrap().0,
+        registry.digest(&format!("fns/{BROKEN}:v1")).unwrap()
+    );
+
+    let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
+    let ip = loopback_ip();
+    let service = format!("{fn_name}.{NAMESPACE}");
+    let core = Core::start(&cp, &[(&service, ip)], &[]).expect("crossplane starts");
+    let root = workspace_root();
+
+    // Step 1: the namespace's label.
+    for block in docs_step(STEPS, 1) {
+        sh(&cp, &root, &block);
+    }
+    // Step 2 is Helm's way to pass the flag Core gives crossplane directly.
+    assert!(
+        docs_step(STEPS, 2)
+            .concat()
+            .contains("--package-runtime=Function=External")
+    );
+    // Step 3: apply fnrun's manifests (no kubelet to roll them out: fnrun runs
+    // on the host as the Deployment says, with its ServiceAccount's token).
+    let step3 = docs_step(STEPS, 3).concat();
+    let apply = step3
+        .lines()
+        .find(|l| l.starts_with("kubectl apply"))
+        .expect("step 3 applies the manifests");
+    sh(&cp, &root, apply);
+    let work = tempfile::tempdir().unwrap();
+    let kubeconfig = service_account_kubeconfig(&cp, work.path());
+    let mut fnrun = start_fnrun(&cp, &kubeconfig, ip, "fnrun-a");
+    let logs = |fnrun: &Daemon| {
+        format!(
+            "--- crossplane ---\n{}\n{}\n--- fnrun ---\n{}",
+            core.log_tail(60),
+            cp.log_tails(),
+            fnrun.log()
+        )
+    };
+
+    // Step 4: install the Function as the docs do; it becomes Healthy with no
+    // other step.
+    let step4 = docs_step(STEPS, 4).concat();
+    assert!(step4.contains(DOCS_PACKAGE), "{step4}");
+    let (install, wait) = step4
+        .split_once("kubectl wait")
+        .expect("step 4 waits for the Function");
+    sh(&cp, &root, &install.replace(DOCS_PACKAGE, &package));
+    wait_for(
+        "the Function Installed and Healthy",
+        Duration::from_secs(180),
+        || healthy(&cp, fn_name),
+        &|| logs(&fnrun),
+    );
+    sh(&cp, &root, &format!("kubectl wait{wait}"));
+    let rev = active_revision(&cp, fn_name).expect("an active revision");
+    let endpoint = format!("dns:///{fn_name}.{NAMESPACE}:9443");
+    assert_eq!(rev["status"]["endpoint"], endpoint.as_str(), "{rev}");
+    assert_eq!(rev["status"]["tlsServerSecretName"], "crossplane-root-ca");
+    assert_eq!(
+        condition(&rev, "RuntimeHealthy").as_deref(),
+        Some("True"),
+        "{rev}"
+    );
+    assert_eq!(
+        condition(&rev, "RuntimeActive").as_deref(),
+        Some("True"),
+        "{rev}"
+    );
+    let svc = cp.get_json(&["service", fn_name, "-n", NAMESPACE]).unwrap();
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9443);
+    assert_eq!(svc["spec"]["selector"]["app.kubernetes.io/name"], "fnrun");
+    assert_eq!(
+        svc["metadata"]["ownerReferences"][0]["kind"], "Function",
+        "{svc}"
+    );
+    let function = cp.get_json(&["function", fn_name]).unwrap();
+    assert_eq!(
+        svc["metadata"]["ownerReferences"][0]["uid"],
+        function["metadata"]["uid"]
+    );
+    assert_eq!(lease_holder(&cp).as_deref(), Some("fnrun-a"));
+    let events = cp
+        .kubectl(&["get", "events", "-n", "default", "-o", "json"])
+        .unwrap();
+    assert!(events.contains("\"reason\": \"Started\""), "{events}");
+    assert!(
+        fnrun
+            .log()
+            .contains("trial start: the function's server answered"),
+        "{}",
+        fnrun.log()
+    );
+
+    // A composite resource that uses the function reconciles.
+    cp.apply(XRD).unwrap();
+    wait_for(
+        "the XRD established",
+        Duration::from_secs(120),
+        || {
+            let xrd = cp.get_json(&["xrd", "xapps.example.fnrun.dev"]).ok()?;
+            (condition(&xrd, "Established").as_deref() == Some("True")).then_some(())
+        },
+        &|| logs(&fnrun),
+    );
+    cp.apply(COMPOSITION).unwrap();
+    cp.apply(XR).unwrap();
+    assert_composed(&cp, "demo", "color-blue", &|| logs(&fnrun));
+
+    // An upgrade: the new revision is Active and served, the endpoint the
+    // same, the old revision no longer active; an XR made after it composes.
+    let old = rev["metadata"]["name"].as_str().unwrap().to_owned();
+    cp.apply(&function_yaml(fn_name, &upgraded)).unwrap();
+    let new = wait_for(
+        "the upgraded revision active and healthy",
+        Duration::from_secs(180),
+        || {
+            let rev = active_revision(&cp, fn_name)?;
+            (rev["metadata"]["name"] != old.as_str()
+                && condition(&rev, "RuntimeHealthy").as_deref() == Some("True"))
+            .then_some(rev)
+        },
+        &|| logs(&fnrun),
+    );
+    assert_eq!(new["status"]["endpoint"], endpoint.as_str(), "{new}");
+    assert!(
+        fnrun.log().lines().any(
+            |l| l.contains("trial start: the function's server answered") && l.contains(&upgraded)
+        ),
+        "the upgraded image is served: {}",
+        fnrun.log()
+    );
+    wait_for(
+        "the old revision marked inactive",
+        Duration::from_secs(60),
+        || {
+            let old = revisions(&cp, fn_name)
+                .into_iter()
+                .find(|r| r["metadata"]["name"] == old.as_str())?;
+            (condition(&old, "RuntimeActive").as_deref() == Some("False")).then_some(())
+        },
+        &|| logs(&fnrun),
+    );
+    assert!(
+        fnrun
+            .log()
+            .lines()
+            .any(|l| l.contains("functions from the Kubernetes API applied")
+                && l.contains("replaced")
+                && l.contains(fn_name)),
+        "{}",
+        fnrun.log()
+    );
+    cp.apply(
+        &XR.replace(
+            "name: demo\n  namespace: demo",
+            "name: upgraded\n  namespace: demo",
+        )
+        .replace("color: blue", "color: red"),
+    )
+    .unwrap();
+    assert_composed(&cp, "upgraded", "color-red", &|| logs(&fnrun));
+
+    // A restart while a Function's image cannot be pulled for running.
+    assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
+    cp.apply(&function_yaml(BROKEN, &broken)).unwrap();
+    wait_for(
+        "Crossplane activating the broken Function's revision",
+        Duration::from_secs(120),
+        || active_revision(&cp, BROKEN),
+        &|| logs(&fnrun),
+    );
+    let repositories = registry
+        .storage_dir()
+        .join("docker/registry/v2/repositories/fns");
+    let hidden = work.path().join("hidden-repository");
+    std::fs::rename(repositories.join(BROKEN), &hidden).unwrap();
+    let mut fnrun = start_fnrun(&cp, &kubeconfig, ip, "fnrun-a");
+    let unhealthy = wait_for(
+        "RuntimeHealthy False with the registry's error",
+        Duration::from_secs(120),
+        || {
+            let rev = active_revision(&cp, BROKEN)?;
+            let c = rev["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "RuntimeHealthy")?
+                .clone();
+            (c["status"] == "False").then_some(c)
+        },
+        &|| logs(&fnrun),
+    );
+    let message = unhealthy["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("MANIFEST_UNKNOWN")
+            || message.contains("manifest unknown")
+            || message.contains("404"),
+        "{unhealthy}"
+    );
+    // The served Function stayed healthy through the restart, its Service
+    // the same one.
+    assert!(
+        healthy(&cp, fn_name).is_some(),
+        "{}\n{:#?}",
+        cp.get_json(&["function", fn_name]).unwrap(),
+        revisions(&cp, fn_name)
+    );
+    let svc_after = cp.get_json(&["service", fn_name, "-n", NAMESPACE]).unwrap();
+    assert_eq!(svc_after["metadata"]["uid"], svc["metadata"]["uid"]);
+    std::fs::rename(&hidden, repositories.join(BROKEN)).unwrap();
+    wait_for(
+        "the broken Function Healthy once its repository is back",
+        Duration::from_secs(180),
+        || healthy(&cp, BROKEN),
+        &|| logs(&fnrun),
+    );
+
+    // Two replicas: one leader, both serve; the leader stops, the other
+    // takes over and writes what changed.
+    let second_ip = loopback_ip();
+    let mut second = start_fnrun(&cp, &kubeconfig, second_ip, "fnrun-b");
+    assert_eq!(lease_holder(&cp).as_deref(), Some("fnrun-a"));
+    wait_for(
+        "the second replica serving both functions",
+        Duration::from_secs(120),
+        || {
+            let log = second.log();
+            (log.contains("trial start: the function's server answered")
+                && log
+                    .matches("trial start: the function's server answered")
+                    .count()
+                    >= 2)
+                .then_some(())
+        },
+        &|| second.log(),
+    );
+    assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
+    wait_for(
+        "the second replica leading",
+        Duration::from_secs(60),
+        || (lease_holder(&cp).as_deref() == Some("fnrun-b")).then_some(()),
+        &|| second.log(),
+    );
+    cp.kubectl(&["delete", "function", BROKEN, "--wait=false"])
+        .unwrap();
+    wait_for(
+        "the deleted Function's Service gone",
+        Duration::from_secs(60),
+        || {
+            cp.get_json(&["service", BROKEN, "-n", NAMESPACE])
+                .is_err()
+                .then_some(())
+        },
+        &|| second.log(),
+    );
+    assert!(
+        second
+            .log()
+            .contains("the Function was deleted: no longer served"),
+        "{}",
+        second.log()
+    );
+    assert!(
+        second.stop().is_some_and(|s| s.success()),
+        "{}",
+        second.log()
+    );
+}
