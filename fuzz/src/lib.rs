@@ -25,6 +25,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("duration", duration),
     ("authority", authority),
     ("docker_config", docker_config),
+    ("spawner_codec", spawner_codec),
 ];
 
 /// The YAML bounds check agrees with the parser: what it refuses for
@@ -274,5 +275,41 @@ fn strings(json: &serde_norway::Value, keys: &mut Vec<String>, values: &mut Vec<
         }
         Value::Tagged(tagged) => strings(&tagged.value, keys, values),
         _ => {}
+    }
+}
+
+/// The sandbox's spawner codec (postcard over a socket between the runner
+/// and its spawner): the first byte picks the message (a launch request,
+/// the hello, a reply). A message that decodes is encoded again no longer
+/// than it came (postcard's encoding is the shortest), that encoding is a
+/// fixed point (it decodes and encodes to itself), and a reply fits the
+/// runner's receive buffer.
+pub fn spawner_codec(data: &[u8]) {
+    use fnrun_sandbox::spawner_codec::{self as codec, MAX_REPLY};
+    let Some((&which, bytes)) = data.split_first() else {
+        return;
+    };
+    type Reencode = fn(&[u8]) -> Option<Vec<u8>>;
+    let (name, decode): (&str, Reencode) = match which % 3 {
+        0 => ("request", codec::request),
+        1 => ("hello", codec::hello),
+        _ => ("reply", codec::reply),
+    };
+    let Some(again) = decode(bytes) else {
+        return;
+    };
+    assert!(
+        again.len() <= bytes.len(),
+        "a {name} of {} bytes encodes to {}",
+        bytes.len(),
+        again.len()
+    );
+    assert_eq!(
+        decode(&again).as_deref(),
+        Some(&again[..]),
+        "a {name} encodes differently once decoded again"
+    );
+    if name == "reply" {
+        assert!(again.len() <= MAX_REPLY, "a reply of {} bytes", again.len());
     }
 }

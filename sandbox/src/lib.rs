@@ -73,5 +73,31 @@ pub fn run_spawner_if_asked() {
     launch::spawner::run_if_asked();
 }
 
+/// The messages between the runner and its spawner (postcard), for the
+/// fuzz targets of `fnrun-fuzz`; not an API. Each function decodes its
+/// message as the receiving side does and, if it decodes, encodes it again.
+#[doc(hidden)]
+pub mod spawner_codec {
+    use crate::launch::spawner::protocol;
+
+    /// The runner's receive buffer for a reply.
+    pub const MAX_REPLY: usize = protocol::MAX_REPLY;
+
+    /// A launch request (header and plan), as the spawner reads it.
+    pub fn request(bytes: &[u8]) -> Option<Vec<u8>> {
+        protocol::reencode_request(bytes)
+    }
+
+    /// The hello (the seccomp program), as the spawner reads it.
+    pub fn hello(bytes: &[u8]) -> Option<Vec<u8>> {
+        protocol::reencode_hello(bytes)
+    }
+
+    /// A reply, as the runner reads it.
+    pub fn reply(bytes: &[u8]) -> Option<Vec<u8>> {
+        protocol::reencode_reply(bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests;

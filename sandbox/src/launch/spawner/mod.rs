@@ -26,7 +26,7 @@
 //!   [`MAX_RESTARTS`] deaths, or for a plan too large for one message (a huge
 //!   environment), the run is cloned by the [`Direct`] launcher.
 
-mod protocol;
+pub(crate) mod protocol;
 mod serve;
 
 use std::ffi::CString;

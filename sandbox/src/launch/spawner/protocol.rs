@@ -159,6 +159,27 @@ pub(crate) fn decode_request(bytes: &[u8]) -> Option<(Header, Plan)> {
     rest.is_empty().then_some((header, plan))
 }
 
+/// A request decoded as the spawner decodes it ([`decode_request`]) and
+/// encoded again; `None` if it does not decode.
+pub(crate) fn reencode_request(bytes: &[u8]) -> Option<Vec<u8>> {
+    decode_request(bytes).map(|(header, plan)| encode_request(&header, &plan))
+}
+
+/// A hello decoded as the spawner decodes it, its program taken, and
+/// encoded again; `None` if it does not decode.
+pub(crate) fn reencode_hello(bytes: &[u8]) -> Option<Vec<u8>> {
+    let hello = postcard::from_bytes::<Hello>(bytes).ok()?;
+    let again = Hello::new(hello.program().as_ref());
+    Some(postcard::to_allocvec(&again).expect("a hello always encodes"))
+}
+
+/// A reply decoded as the runner decodes it and encoded again; `None` if
+/// it does not decode.
+pub(crate) fn reencode_reply(bytes: &[u8]) -> Option<Vec<u8>> {
+    let reply = postcard::from_bytes::<Reply>(bytes).ok()?;
+    Some(postcard::to_allocvec(&reply).expect("a reply always encodes"))
+}
+
 /// Where a launch failed in the spawner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum FailedAt {
