@@ -216,13 +216,19 @@ pub fn authority(data: &[u8]) {
     }
 }
 
-/// Docker config files (and pull secrets, which hold the same JSON): the
-/// first line is the image asked for, the rest the file. Whatever the file,
-/// a credential or an error, and no error quotes a string value of the
-/// file (they may be secrets): only its keys, which name registries. Read
-/// as a pull secret, so no credential helper runs.
+/// Docker config files and pull secrets (which hold the same JSON): the
+/// first line is the image asked for, the rest the file. Read as a pull
+/// secret from a file and as one read through the API, the same bytes give
+/// the same credentials or the same error (the file's path in place of the
+/// Secret's name), and no error quotes a string value of the file (they may
+/// be secrets): only its keys, which name registries. No credential helper
+/// runs.
 pub fn docker_config(data: &[u8]) {
-    use fnrun_registry::credentials::credentials_from_pull_secret;
+    use fnrun_registry::credentials::docker_config::credentials_from_pull_secret_json;
+    use fnrun_registry::credentials::{
+        DockerConfigError, EntryError, SettingError, credentials_from_pull_secret,
+    };
+    const ORIGIN: &str = "secret fuzz/pull";
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
@@ -233,8 +239,29 @@ pub fn docker_config(data: &[u8]) {
     }
     let path = FILE.with(Clone::clone);
     std::fs::write(&path, config).expect("a scratch file");
-    let result = credentials_from_pull_secret(fnrun_registry::DOCKER_HUB, image, &path);
-    let Err(err) = result else {
+    let from_file = credentials_from_pull_secret(fnrun_registry::DOCKER_HUB, image, &path);
+    let from_api = credentials_from_pull_secret_json(
+        fnrun_registry::DOCKER_HUB,
+        image,
+        ORIGIN,
+        config.as_bytes(),
+    );
+    let err = match (from_file, from_api) {
+        (Ok(a), Ok(b)) => {
+            assert!(a == b, "the file gives {a:?}, the API's bytes {b:?}");
+            return;
+        }
+        (Err(a), Err(b)) => {
+            let a = a
+                .to_string()
+                .replacen(&path.display().to_string(), ORIGIN, 1);
+            assert_eq!(a, b.to_string(), "the file and the API's bytes disagree");
+            b
+        }
+        (a, b) => panic!("the file gives {a:?}, the API's bytes {b:?}"),
+    };
+    // serde_json's syntax errors name a line and column, never the text.
+    let DockerConfigError::Setting { .. } = err else {
         return;
     };
     let message = err.to_string();
@@ -244,8 +271,20 @@ pub fn docker_config(data: &[u8]) {
     };
     let (mut keys, mut values) = (Vec::new(), Vec::new());
     strings(&json, &mut keys, &mut values);
-    // What a message may contain besides keys: the path and fixed text.
-    let fixed = format!("{} {err:?}", path.display());
+    // What the message may hold besides keys: the origin and fixed text.
+    let fixed = [
+        ORIGIN.to_owned(),
+        SettingError::NotAnObject("auths").to_string(),
+        SettingError::StoreNotAString.to_string(),
+        SettingError::HelperNotAString {
+            origin: String::new(),
+        }
+        .to_string(),
+        EntryError::NotAnObject.to_string(),
+        EntryError::BadAuth.to_string(),
+        EntryError::NotAString("identitytoken registrytoken username password auth").to_string(),
+    ]
+    .join("\n");
     for value in values.iter().filter(|v| v.len() >= 6) {
         let explained = fixed.contains(value.as_str())
             || keys
