@@ -1,18 +1,120 @@
 //! fnrun's manifests (`deploy/`) applied to a real API server
 //! (`fnrun_tests::kube::ControlPlane`: etcd and kube-apiserver built from
 //! their modules, RBAC on): they are valid, and fnrun's service accounts can
-//! do what the manifests grant, which is nothing beyond what every
-//! authenticated user may, and no more.
+//! do what the manifests grant and no more: the node daemon nothing beyond
+//! what every authenticated user may; Kubernetes mode's controller
+//! (`deploy/crossplane/rbac.yaml`) what it reads and writes, and nothing
+//! else.
 
 use std::path::Path;
 
 use fnrun_tests::kube::ControlPlane;
 use fnrun_tests::workspace_root;
 
-/// fnrun's service accounts, as their manifests name them.
-const ACCOUNTS: [(&str, &str); 2] = [
-    ("fnrun-system", "fnrun"),
-    ("crossplane-system", "fnrun-functions"),
+/// fnrun's service accounts that are granted nothing, as their manifests
+/// name them.
+const ACCOUNTS: [(&str, &str); 1] = [("fnrun-system", "fnrun")];
+
+/// Kubernetes mode's service account.
+const CONTROLLER: &str = "system:serviceaccount:crossplane-system:fnrun-functions";
+
+/// What Kubernetes mode's controller does: `(namespace, request)`.
+const CONTROLLER_ALLOWED: &[(&str, &[&str])] = &[
+    ("crossplane-system", &["get", "functions.pkg.crossplane.io"]),
+    (
+        "crossplane-system",
+        &["list", "functions.pkg.crossplane.io"],
+    ),
+    (
+        "crossplane-system",
+        &["watch", "functions.pkg.crossplane.io"],
+    ),
+    (
+        "crossplane-system",
+        &["list", "functionrevisions.pkg.crossplane.io"],
+    ),
+    (
+        "crossplane-system",
+        &["watch", "functionrevisions.pkg.crossplane.io"],
+    ),
+    (
+        "crossplane-system",
+        &["watch", "deploymentruntimeconfigs.pkg.crossplane.io"],
+    ),
+    (
+        "crossplane-system",
+        &["watch", "imageconfigs.pkg.crossplane.io"],
+    ),
+    (
+        "crossplane-system",
+        &[
+            "patch",
+            "functionrevisions.pkg.crossplane.io",
+            "--subresource=status",
+        ],
+    ),
+    ("crossplane-system", &["watch", "services"]),
+    ("crossplane-system", &["patch", "services"]),
+    ("crossplane-system", &["delete", "services"]),
+    (
+        "crossplane-system",
+        &["watch", "secrets/crossplane-root-ca"],
+    ),
+    ("crossplane-system", &["get", "secrets/pull"]),
+    (
+        "crossplane-system",
+        &["create", "leases.coordination.k8s.io"],
+    ),
+    (
+        "crossplane-system",
+        &["patch", "leases.coordination.k8s.io/fnrun-functions"],
+    ),
+    ("default", &["create", "events.events.k8s.io"]),
+];
+
+/// What it must not be allowed: `(namespace, request)`.
+const CONTROLLER_REFUSED: &[(&str, &[&str])] = &[
+    (
+        "crossplane-system",
+        &["patch", "functionrevisions.pkg.crossplane.io"],
+    ),
+    (
+        "crossplane-system",
+        &["update", "functions.pkg.crossplane.io"],
+    ),
+    (
+        "crossplane-system",
+        &["delete", "functions.pkg.crossplane.io"],
+    ),
+    (
+        "crossplane-system",
+        &[
+            "patch",
+            "functions.pkg.crossplane.io",
+            "--subresource=status",
+        ],
+    ),
+    ("crossplane-system", &["list", "secrets"]),
+    ("crossplane-system", &["watch", "secrets/pull"]),
+    (
+        "crossplane-system",
+        &["patch", "secrets/crossplane-root-ca"],
+    ),
+    (
+        "crossplane-system",
+        &["patch", "leases.coordination.k8s.io/crossplane"],
+    ),
+    ("crossplane-system", &["get", "configmaps"]),
+    ("crossplane-system", &["get", "pods"]),
+    ("crossplane-system", &["create", "deployments.apps"]),
+    (
+        "crossplane-system",
+        &["create", "serviceaccounts", "--subresource=token"],
+    ),
+    ("default", &["get", "secrets/pull"]),
+    ("default", &["patch", "services"]),
+    ("kube-system", &["create", "events.events.k8s.io"]),
+    ("crossplane-system", &["list", "nodes"]),
 ];
 
 /// Requests a service account of fnrun must not be allowed.
@@ -79,9 +181,25 @@ fn fnruns_service_accounts_get_what_the_manifests_grant_and_no_more() {
     );
     cp.kubectl(&["create", "namespace", "crossplane-system"])
         .unwrap();
-    let mut crossplane = manifests("deploy/crossplane");
-    crossplane.extend(manifests("deploy/crossplane/services"));
-    apply_files(&cp, &crossplane);
+    // Kubernetes mode (deploy/crossplane-file/, the variant without API
+    // access, names the same objects and is applied by crossplane_kubernetes).
+    // With Crossplane's package CRDs, so that kubectl knows their kinds.
+    let crds = fnrun_tests::crossplane::crds_dir().expect("Crossplane's CRDs");
+    let package_crds: Vec<String> = [
+        "functions",
+        "functionrevisions",
+        "deploymentruntimeconfigs",
+        "imageconfigs",
+    ]
+    .iter()
+    .map(|kind| path(&crds.join(format!("pkg.crossplane.io_{kind}.yaml"))))
+    .collect();
+    let mut args = vec!["apply", "--server-side"];
+    for file in &package_crds {
+        args.extend(["-f", file.as_str()]);
+    }
+    cp.kubectl(&args).unwrap();
+    apply_files(&cp, &manifests("deploy/crossplane"));
     let deployment = cp
         .get_json(&["deployment", "fnrun-functions", "-n", "crossplane-system"])
         .unwrap();
@@ -121,6 +239,22 @@ fn fnruns_service_accounts_get_what_the_manifests_grant_and_no_more() {
             args.extend(["-n", namespace]);
             assert!(!cp.can_i(&user, &args).unwrap(), "{user} may {args:?}");
         }
+    }
+    for (ns, request) in CONTROLLER_ALLOWED {
+        let mut args = request.to_vec();
+        args.extend(["-n", ns]);
+        assert!(
+            cp.can_i(CONTROLLER, &args).unwrap(),
+            "{CONTROLLER} may not {args:?}"
+        );
+    }
+    for (ns, request) in CONTROLLER_REFUSED {
+        let mut args = request.to_vec();
+        args.extend(["-n", ns]);
+        assert!(
+            !cp.can_i(CONTROLLER, &args).unwrap(),
+            "{CONTROLLER} may {args:?}"
+        );
     }
     assert!(
         baseline.contains("selfsubjectreviews"),
@@ -176,13 +310,15 @@ fn fnruns_service_accounts_get_what_the_manifests_grant_and_no_more() {
             .contains("\"system:serviceaccount:crossplane-system:fnrun-functions\" cannot list resource \"secrets\""),
         "{out:?}"
     );
+    cp.kubectl(&["create", "configmap", "probe", "-n", "crossplane-system"])
+        .unwrap();
     let out = fnrun_tests::process::run_capture(
         cp.kubectl_command().args([
             "--token",
             token.trim(),
             "get",
             "configmap",
-            "fnrun-functions",
+            "probe",
             "-n",
             "crossplane-system",
         ]),
