@@ -86,6 +86,10 @@ pub struct FunctionsArgs {
     /// name, a pod's name).
     #[arg(long, value_name = "NAME", env = "POD_NAME")]
     pub functions_identity: Option<String>,
+    /// Kubernetes mode: how long a function's warm instance (started by its
+    /// trial or a call) stays without calls; 0: until the function goes.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = fnrun_api::duration::parse)]
+    pub functions_idle_timeout: std::time::Duration,
 }
 
 impl FunctionsArgs {
@@ -120,6 +124,8 @@ impl FunctionsArgs {
             identity,
             lease: self.functions_lease.clone(),
             service_selector,
+            idle_timeout: (!self.functions_idle_timeout.is_zero())
+                .then_some(self.functions_idle_timeout),
         };
         Ok(Some((listener, controller)))
     }

@@ -57,4 +57,7 @@ pub struct Config {
     pub lease: String,
     /// The labels of fnrun's pods, which each function's Service selects.
     pub service_selector: BTreeMap<String, String>,
+    /// How long a function's warm instance stays without calls; `None`:
+    /// until the function goes.
+    pub idle_timeout: Option<std::time::Duration>,
 }

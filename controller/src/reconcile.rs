@@ -468,6 +468,10 @@ impl Ctx {
         }
         Ok(
             desired::function_def(&name, &rev.name_any(), rev.image(), &settings, pull_secrets)
+                .map(|mut def| {
+                    def.idle_timeout = self.config.idle_timeout;
+                    def
+                })
                 .map_err(|e| e.to_string()),
         )
     }

@@ -217,6 +217,7 @@ mod tests {
             identity: "a".into(),
             lease: "fnrun-functions".into(),
             service_selector: parse_selector("app=fnrun").unwrap(),
+            idle_timeout: None,
         }
     }
 

@@ -78,6 +78,7 @@
 //!   stderr only.
 
 mod client;
+pub mod controller;
 mod go_function;
 mod kubernetes;
 mod package;

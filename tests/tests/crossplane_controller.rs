@@ -26,17 +26,16 @@
 //! garbage collector: a deleted Function's Service goes because fnrun deletes
 //! it.
 
-use std::net::Ipv4Addr;
-use std::path::Path;
 use std::time::Duration;
 
+use fnrun_tests::crossplane::controller::{service_account_kubeconfig, start_fnrun};
 use fnrun_tests::crossplane::xr::{
     COMPOSITION, XR, XRD, assert_composed, condition, docs_step, sh, wait_for,
 };
 use fnrun_tests::crossplane::{Core, NAMESPACE, PATCH_AND_TRANSFORM, loopback_ip};
-use fnrun_tests::daemon::{Daemon, DaemonOpts, Listen};
+use fnrun_tests::daemon::Daemon;
 use fnrun_tests::kube::ControlPlane;
-use fnrun_tests::registry::{Registry, free_port};
+use fnrun_tests::registry::Registry;
 use fnrun_tests::user::require_root;
 use fnrun_tests::workspace_root;
 
@@ -46,77 +45,6 @@ const STEPS: &str = "## In Kubernetes, step by step";
 const DOCS_PACKAGE: &str = "registry.example.org/fns/function-patch-and-transform:v0.10.7";
 /// A second Function, whose repository goes missing.
 const BROKEN: &str = "function-broken";
-
-/// A kubeconfig for the ServiceAccount `fnrun-functions`: a token the API
-/// server's issuer signs, as a pod's projected token.
-fn service_account_kubeconfig(cp: &ControlPlane, dir: &Path) -> std::path::PathBuf {
-    let token = cp
-        .kubectl(&[
-            "create",
-            "token",
-            "fnrun-functions",
-            "-n",
-            NAMESPACE,
-            "--duration=2h",
-        ])
-        .expect("a token for fnrun's ServiceAccount");
-    let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
-             users:\n- name: fnrun\n  user:\n    token: {}\ncontexts:\n- name: fnrun\n  context: {{cluster: test, user: fnrun}}\n\
-             current-context: fnrun\n",
-            cp.url(),
-            cp.ca_cert().display(),
-            token.trim()
-        ),
-    )
-    .unwrap();
-    path
-}
-
-/// `fnrun serve` as `deploy/crossplane/deployment.yaml` runs it, as the pod
-/// `identity`: its args, its functions listener on `ip` instead of every
-/// address, its metrics on a free port of 127.0.0.1.
-fn start_fnrun(cp: &ControlPlane, kubeconfig: &Path, ip: Ipv4Addr, identity: &str) -> Daemon {
-    let deployment = cp
-        .get_json(&["deployment", "fnrun-functions", "-n", NAMESPACE])
-        .unwrap();
-    let pod = &deployment["spec"]["template"]["spec"];
-    assert_eq!(pod["serviceAccountName"], "fnrun-functions");
-    let container = &pod["containers"][0];
-    assert_eq!(
-        container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name",
-        "POD_NAME is the pod's name: {container}"
-    );
-    let listen = format!("{ip}:9443");
-    let metrics = format!("127.0.0.1:{}", free_port().unwrap());
-    let mut opts = DaemonOpts::default()
-        .listen(Listen::Off {
-            ready: listen.clone(),
-        })
-        .env("KUBECONFIG", &kubeconfig.display().to_string())
-        .env("POD_NAME", identity);
-    let args: Vec<&str> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    assert_eq!(args.first(), Some(&"serve"), "{args:?}");
-    assert!(args.contains(&"--functions-kubernetes"), "{args:?}");
-    for arg in &args[1..] {
-        if *arg == "--listen=none" || arg.starts_with("--cache-dir=") {
-            continue;
-        }
-        let arg = arg
-            .replace("0.0.0.0:9443", &listen)
-            .replace("0.0.0.0:9090", &metrics);
-        opts = opts.arg(arg);
-    }
-    Daemon::start(opts).expect("fnrun serve starts as the Deployment runs it")
-}
 
 fn revisions(cp: &ControlPlane, function: &str) -> Vec<serde_json::Value> {
     cp.get_json(&[
@@ -215,7 +143,7 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     sh(&cp, &root, apply);
     let work = tempfile::tempdir().unwrap();
     let kubeconfig = service_account_kubeconfig(&cp, work.path());
-    let mut fnrun = start_fnrun(&cp, &kubeconfig, ip, "fnrun-a");
+    let mut fnrun = start_fnrun(&cp, &kubeconfig, ip, "fnrun-a", &[]);
     let logs = |fnrun: &Daemon| {
         format!(
             "--- crossplane ---\n{}\n{}\n--- fnrun ---\n{}",
@@ -362,7 +290,7 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         .join("docker/registry/v2/repositories/fns");
     let hidden = work.path().join("hidden-repository");
     std::fs::rename(repositories.join(BROKEN), &hidden).unwrap();
-    let mut fnrun = start_fnrun(&cp, &kubeconfig, ip, "fnrun-a");
+    let mut fnrun = start_fnrun(&cp, &kubeconfig, ip, "fnrun-a", &[]);
     let unhealthy = wait_for(
         "RuntimeHealthy False with the registry's error",
         Duration::from_secs(120),
@@ -405,7 +333,7 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     // Two replicas: one leader, both serve; the leader stops, the other
     // takes over and writes what changed.
     let second_ip = loopback_ip();
-    let mut second = start_fnrun(&cp, &kubeconfig, second_ip, "fnrun-b");
+    let mut second = start_fnrun(&cp, &kubeconfig, second_ip, "fnrun-b", &[]);
     assert_eq!(lease_holder(&cp).as_deref(), Some("fnrun-a"));
     wait_for(
         "the second replica serving both functions",
