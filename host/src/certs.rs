@@ -80,12 +80,38 @@ pub enum CertSource {
 pub struct CertSet {
     by_name: HashMap<String, Arc<CertifiedKey>>,
     no_sni: Option<Arc<CertifiedKey>>,
+    /// The CA they were minted from, and their namespace: a name that could
+    /// be a function's but is none gets a certificate minted when asked
+    /// ([`CertSet::mint_unknown`]).
+    minter: Option<(Arc<Minter>, String)>,
 }
 
 impl CertSet {
     /// The certificate for server name `name` (lower case).
     pub fn get(&self, name: &str) -> Option<&Arc<CertifiedKey>> {
         self.by_name.get(name)
+    }
+
+    /// A certificate for `name` (lower case), which is none of the set's,
+    /// if the set was minted and `name` could be a function's in its
+    /// namespace (`NAME`, `NAME.NAMESPACE`, `NAME.NAMESPACE.svc`): its
+    /// client then reaches the function host, which answers NOT_FOUND with
+    /// the functions that exist, rather than a handshake that fails.
+    pub fn mint_unknown(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        let (minter, _) = self.minter.as_ref()?;
+        if !self.may_mint(name) {
+            return None;
+        }
+        minter.mint(name, vec![name.to_owned()]).ok()
+    }
+
+    /// Whether [`CertSet::mint_unknown`] would mint for `name`.
+    pub fn may_mint(&self, name: &str) -> bool {
+        let Some((_, namespace)) = &self.minter else {
+            return false;
+        };
+        super::routing::function_name(name, namespace)
+            .is_some_and(|label| super::catalogue::check_dns_label(&label).is_ok())
     }
 
     /// The certificate for a client that sends no server name.
@@ -99,7 +125,7 @@ impl CertSource {
     pub fn cert_set(&self, names: &[String], namespace: &str) -> Result<CertSet, CertError> {
         let dir = match self {
             CertSource::Mint { cert, key } => {
-                return Minter::load(cert, key)?.cert_set(names, namespace);
+                return Arc::new(Minter::load(cert, key)?).cert_set(names, namespace);
             }
             CertSource::Dir(dir) => dir,
         };
@@ -121,6 +147,12 @@ impl CertSource {
 pub struct Minter {
     ca: CertificateDer<'static>,
     issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for Minter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Minter").finish_non_exhaustive()
+    }
 }
 
 impl Minter {
@@ -162,8 +194,15 @@ impl Minter {
 
     /// A certificate for each of functions `names` in `namespace`, and one
     /// for all of them (clients that send no server name).
-    pub fn cert_set(&self, names: &[String], namespace: &str) -> Result<CertSet, CertError> {
-        let mut set = CertSet::default();
+    pub fn cert_set(
+        self: &Arc<Self>,
+        names: &[String],
+        namespace: &str,
+    ) -> Result<CertSet, CertError> {
+        let mut set = CertSet {
+            minter: Some((self.clone(), namespace.to_owned())),
+            ..CertSet::default()
+        };
         for name in names {
             let key = self.mint(name, server_names(name, namespace).to_vec())?;
             for server_name in server_names(name, namespace) {

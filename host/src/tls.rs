@@ -2,7 +2,11 @@
 //! client's server name (SNI), client certificates required and verified
 //! against `--functions-client-ca` (mTLS), ALPN `h2` only.
 //!
-//! A server name that is no function's refuses the handshake with the alert
+//! A server name that is no function's: when the certificates are minted
+//! (fnrun holds the CA key) and the name could be a function's (`NAME`,
+//! `NAME.NAMESPACE`, `NAME.NAMESPACE.svc`), a certificate is minted for it
+//! and its calls are answered NOT_FOUND with the functions that exist (and
+//! logged); otherwise the handshake is refused with the alert
 //! `unrecognized_name` ([`SniResolver::refusal`], sent by
 //! [`fnrun_transport::tls_accept`], which logs and counts it): fnrun has no
 //! certificate the client would accept for it, so a NOT_FOUND served over
@@ -36,12 +40,21 @@ pub enum TlsError {
 #[derive(Debug)]
 pub struct SniResolver {
     certs: RwLock<Arc<CertSet>>,
+    /// Certificates minted for names no function answers to (see
+    /// [`CertSet::mint_unknown`]), at most [`MINTED_UNKNOWN_MAX`]; emptied
+    /// when the certificates are replaced.
+    unknown: std::sync::Mutex<std::collections::HashMap<String, Arc<CertifiedKey>>>,
 }
+
+/// Most certificates kept for names no function answers to: a client that
+/// asks for ever new names gets new ones minted, and the oldest are dropped.
+const MINTED_UNKNOWN_MAX: usize = 64;
 
 impl SniResolver {
     pub fn new(certs: CertSet) -> SniResolver {
         SniResolver {
             certs: RwLock::new(Arc::new(certs)),
+            unknown: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -51,6 +64,28 @@ impl SniResolver {
             .certs
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(certs);
+        self.unknown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
+
+    /// The certificate minted for `name`, no function's (see
+    /// [`CertSet::mint_unknown`]).
+    fn unknown(&self, certs: &CertSet, name: &str) -> Option<Arc<CertifiedKey>> {
+        let mut minted = self
+            .unknown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(key) = minted.get(name) {
+            return Some(key.clone());
+        }
+        let key = certs.mint_unknown(name)?;
+        if minted.len() >= MINTED_UNKNOWN_MAX {
+            minted.clear();
+        }
+        minted.insert(name.to_owned(), key.clone());
+        Some(key)
     }
 
     fn current(&self) -> Arc<CertSet> {
@@ -70,7 +105,9 @@ impl SniResolver {
         match name {
             Some(name) => {
                 let name = normalize(name);
-                certs.get(&name).is_none().then(|| {
+                // A name that could be a function's gets a minted
+                // certificate, and its calls NOT_FOUND (logged there).
+                (certs.get(&name).is_none() && !certs.may_mint(&name)).then(|| {
                     Refusal::new(
                         Reason::UnknownServerName,
                         format!(
@@ -105,7 +142,13 @@ impl ResolvesServerCert for SniResolver {
         // reload removed since gets no certificate (rustls: access_denied).
         let certs = self.current();
         match hello.server_name() {
-            Some(name) => certs.get(&normalize(name)).cloned(),
+            Some(name) => {
+                let name = normalize(name);
+                certs
+                    .get(&name)
+                    .cloned()
+                    .or_else(|| self.unknown(&certs, &name))
+            }
             None => certs.without_sni().cloned(),
         }
     }

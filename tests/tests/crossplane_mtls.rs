@@ -37,6 +37,28 @@ fn clients_need_a_certificate_from_the_client_ca() {
     assert_eq!(tls.alpn, "h2");
     assert_eq!(tls.server_name, format!("fn-a.{NAMESPACE}"));
 
+    // A function fnrun does not serve, asked for by a name that could be
+    // one's (a Function installed but not yet served, say): fnrun holds the
+    // CA key, so it mints a certificate for the name and answers NOT_FOUND
+    // with the functions that exist, and logs the name.
+    let outcome = host.call("fn-b").request(SAMPLE_REQUEST).run().unwrap();
+    assert_eq!(outcome.code, tonic::Code::NotFound, "{outcome:?}");
+    assert!(outcome.message.contains("fn-b"), "{outcome:?}");
+    assert!(
+        outcome.message.contains("fn-a"),
+        "the functions that exist: {outcome:?}"
+    );
+    assert_eq!(
+        outcome.tls.expect("TLS").server_name,
+        format!("fn-b.{NAMESPACE}")
+    );
+    let log = host.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("function call failed") && l.contains("fn-b")),
+        "{log}"
+    );
+
     // No client certificate: the handshake fails.
     let outcome = Call::mtls(host.addr(), &host.certs().ca_cert())
         .server_name(&format!("fn-a.{NAMESPACE}"))

@@ -123,6 +123,19 @@ async fn the_functions_listener_says_why_it_refuses_a_handshake() {
         alert_from(host.addr(), &ca, Some(&client), "nobody.example").await,
         Some(AlertDescription::UnrecognisedName)
     );
+    // A name that could be a function's: fnrun holds the CA key, so a
+    // certificate is minted for it (its calls are NOT_FOUND), and the
+    // handshake is no refusal.
+    assert_eq!(
+        alert_from(
+            host.addr(),
+            &ca,
+            Some(&client),
+            &format!("fn-b.{NAMESPACE}")
+        )
+        .await,
+        None
+    );
     // No client certificate, and one from another CA.
     assert_eq!(
         alert_from(host.addr(), &ca, None, &known).await,

@@ -83,6 +83,43 @@ fn minted_certificates_verify_for_the_three_names_of_their_function() {
 }
 
 #[test]
+fn a_name_that_could_be_a_function_gets_a_minted_certificate() {
+    let ca = testdata("rsa-ca.crt");
+    let source = CertSource::Mint {
+        cert: ca.clone(),
+        key: testdata("rsa-ca.key"),
+    };
+    let set = source
+        .cert_set(&["fn-a".to_owned()], "crossplane-system")
+        .unwrap();
+    for name in [
+        "fn-b",
+        "fn-b.crossplane-system",
+        "fn-b.crossplane-system.svc",
+    ] {
+        assert!(set.may_mint(name), "{name}");
+        let key = set.mint_unknown(name).unwrap();
+        verifies(&ca, &key, name).unwrap();
+    }
+    // Names no function of the namespace could have: refused as before.
+    for name in [
+        "nobody.example",
+        "fn-b.other-ns.svc",
+        "a.b.crossplane-system",
+        "127.0.0.1",
+    ] {
+        assert!(!set.may_mint(name), "{name}");
+        assert!(set.mint_unknown(name).is_none(), "{name}");
+    }
+    // Certificates read from a directory: fnrun holds no CA key.
+    let dir = tempfile::tempdir().unwrap();
+    let set = CertSource::Dir(dir.path().to_owned())
+        .cert_set(&[], "crossplane-system")
+        .unwrap();
+    assert!(!set.may_mint("fn-b"));
+}
+
+#[test]
 fn a_certs_dir_holds_one_pair_per_function() {
     let dir = tempfile::tempdir().unwrap();
     let write_pair = |sub: &Path, sans: Vec<String>| {
@@ -182,8 +219,7 @@ fn a_ca_key_that_is_not_the_certificates_is_refused_naming_both_files() {
     // Another CA's key, RSA and EC, for each CA.
     for (cert, key) in [("rsa-ca.crt", "ec-ca.key"), ("ec-ca.crt", "rsa-ca.key")] {
         let e = Minter::load(&testdata(cert), &testdata(key))
-            .err()
-            .expect("refused")
+            .expect_err("refused")
             .to_string();
         assert!(e.contains("does not belong to the CA certificate"), "{e}");
         assert!(e.contains(cert) && e.contains(key), "{e}");
@@ -191,8 +227,7 @@ fn a_ca_key_that_is_not_the_certificates_is_refused_naming_both_files() {
     let (_, key) = rcgen_ca(|_| {});
     std::fs::write(&other_key, key).unwrap();
     let e = Minter::load(&testdata("ec-ca.crt"), &other_key)
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(
         e.contains("other.key") && e.contains("ec-ca.crt") && e.contains("public keys differ"),
@@ -248,10 +283,7 @@ fn a_certificate_that_is_no_valid_ca_now_is_refused() {
         let (cert_pem, key_pem) = rcgen_ca(edit);
         std::fs::write(&cert, cert_pem).unwrap();
         std::fs::write(&key, key_pem).unwrap();
-        let e = Minter::load(&cert, &key)
-            .err()
-            .expect("refused")
-            .to_string();
+        let e = Minter::load(&cert, &key).expect_err("refused").to_string();
         assert!(e.contains(says) && e.contains("ca.crt"), "{says}: {e}");
     }
     // The same, valid now, is taken.
