@@ -17,7 +17,9 @@
 //!   `RuntimeHealthy` is False with the registry's error, and turns True
 //!   once the repository is back;
 //! - two replicas: one leader, both serve; the leader stops, the other takes
-//!   the Lease and writes what changed: a deleted Function's Service goes.
+//!   the Lease and writes what changed: a deleted Function's Service goes;
+//! - fnrun run by an unprivileged user (rootless) takes over, and an XR is
+//!   composed through it.
 //!
 //! What differs from a cluster, and why: as in `crossplane_kubernetes.rs`,
 //! fnrun and Crossplane run on the host (no kubelet), and Crossplane resolves
@@ -26,9 +28,12 @@
 //! garbage collector: a deleted Function's Service goes because fnrun deletes
 //! it.
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use fnrun_tests::crossplane::controller::{service_account_kubeconfig, start_fnrun};
+use fnrun_tests::crossplane::controller::{
+    service_account_kubeconfig, start_fnrun, start_fnrun_as,
+};
 use fnrun_tests::crossplane::xr::{
     COMPOSITION, XR, XRD, assert_composed, condition, docs_step, sh, wait_for,
 };
@@ -36,7 +41,7 @@ use fnrun_tests::crossplane::{Core, NAMESPACE, PATCH_AND_TRANSFORM, loopback_ip}
 use fnrun_tests::daemon::Daemon;
 use fnrun_tests::kube::ControlPlane;
 use fnrun_tests::registry::Registry;
-use fnrun_tests::user::require_root;
+use fnrun_tests::user::{require_root, rootless_user};
 use fnrun_tests::workspace_root;
 
 /// The docs' section this test follows.
@@ -379,5 +384,50 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         second.stop().is_some_and(|s| s.success()),
         "{}",
         second.log()
+    );
+
+    // Rootless: fnrun run by an unprivileged user takes the address Crossplane
+    // dials and the Lease, and an XR is composed through it.
+    let Some(user) = rootless_user(
+        "kubernetes_mode_serves_every_installed_function_with_no_manual_step rootless",
+    ) else {
+        return;
+    };
+    let user_dir = tempfile::tempdir().unwrap();
+    let user_kubeconfig = user_dir.path().join("kubeconfig");
+    std::fs::copy(&kubeconfig, &user_kubeconfig).unwrap();
+    std::fs::set_permissions(user_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    user.chown_recursive(user_dir.path()).unwrap();
+    let rootless = start_fnrun_as(
+        &cp,
+        &user_kubeconfig,
+        ip,
+        "fnrun-rootless",
+        &[],
+        Some(&user),
+    );
+    wait_for(
+        "the rootless replica leading",
+        Duration::from_secs(60),
+        || (lease_holder(&cp).as_deref() == Some("fnrun-rootless")).then_some(()),
+        &|| rootless.log(),
+    );
+    cp.apply(
+        &XR.replace(
+            "name: demo\n  namespace: demo",
+            "name: rootless\n  namespace: demo",
+        )
+        .replace("color: blue", "color: green"),
+    )
+    .unwrap();
+    assert_composed(&cp, "rootless", "color-green", &|| logs(&rootless));
+    let pid = rootless.pid().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Uid:")
+                && l.split_whitespace().nth(1) == Some(&user.uid.to_string())),
+        "{status}"
     );
 }

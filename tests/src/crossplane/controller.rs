@@ -9,6 +9,7 @@ use crate::crossplane::NAMESPACE;
 use crate::daemon::{Daemon, DaemonOpts, Listen};
 use crate::kube::ControlPlane;
 use crate::registry::free_port;
+use crate::user::TestUser;
 
 /// A kubeconfig for the ServiceAccount `fnrun-functions`: a token the API
 /// server's issuer signs, as a pod's projected token.
@@ -50,6 +51,19 @@ pub fn start_fnrun(
     identity: &str,
     extra: &[&str],
 ) -> Daemon {
+    start_fnrun_as(cp, kubeconfig, ip, identity, extra, None)
+}
+
+/// [`start_fnrun`] run by `user` (rootless) if given; `kubeconfig` must be
+/// readable by it.
+pub fn start_fnrun_as(
+    cp: &ControlPlane,
+    kubeconfig: &Path,
+    ip: Ipv4Addr,
+    identity: &str,
+    extra: &[&str],
+    user: Option<&TestUser>,
+) -> Daemon {
     let deployment = cp
         .get_json(&["deployment", "fnrun-functions", "-n", NAMESPACE])
         .unwrap();
@@ -87,6 +101,9 @@ pub fn start_fnrun(
     }
     for arg in extra {
         opts = opts.arg(*arg);
+    }
+    if let Some(user) = user {
+        opts = opts.user(user.clone());
     }
     Daemon::start(opts).expect("fnrun serve starts as the Deployment runs it")
 }
