@@ -87,6 +87,8 @@ struct State {
     /// What the host serves.
     applied: Option<Applied>,
     trials: HashMap<String, Trial>,
+    /// Why a Function cannot be served as its objects say, as last logged.
+    problems: HashMap<String, String>,
     ca: Ca,
 }
 
@@ -200,6 +202,7 @@ pub async fn run(
             defs: BTreeMap::new(),
             applied: None,
             trials: HashMap::new(),
+            problems: HashMap::new(),
             ca: match config.ca_secret {
                 Some(_) => Ca::Unusable {
                     version: None,
@@ -283,6 +286,11 @@ async fn elect(
         .build()
         .await
         .with_context(|| format!("the Lease {}/{}", config.namespace, config.lease))?;
+    tracing::info!(
+        identity = config.identity,
+        lease = format!("{}/{}", config.namespace, config.lease),
+        "leader election: serving every function; the Lease's holder writes"
+    );
     let (tx, rx) = watch::channel(false);
     let stop = Arc::new(Notify::new());
     let stopped = stop.clone();
@@ -353,14 +361,20 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
             }
             // What is served stays; the revision says why it cannot change.
             Some(Err(why)) => {
-                tracing::warn!(
-                    function = name,
-                    error = why,
-                    "cannot serve the Function as its objects say"
-                );
+                if state.problems.get(&name) != Some(&why) {
+                    tracing::warn!(
+                        function = name,
+                        error = why,
+                        "cannot serve the Function as its objects say"
+                    );
+                    state.problems.insert(name.clone(), why.clone());
+                }
                 Some(why)
             }
         };
+        if problem.is_none() {
+            state.problems.remove(&name);
+        }
         ctx.sync_host(&mut state).await;
         ctx.retry_trial(&mut state, &name);
         let ca_problem = match &state.ca {
