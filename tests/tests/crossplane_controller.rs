@@ -11,6 +11,9 @@
 //! - an upgrade to a new package: the new revision becomes Active and
 //!   served, the endpoint stays, the old revision is marked inactive, and an
 //!   XR created after it is composed;
+//! - an Operation (`--enable-operations`) whose function (the tests' Go
+//!   function, packaged with the `operation` capability) runs through fnrun
+//!   succeeds;
 //! - a restart of fnrun while a Function's image cannot be pulled for running
 //!   (its repository gone from the registry after Crossplane read the
 //!   package): fnrun converges (the served Function stays Healthy),
@@ -37,7 +40,10 @@ use fnrun_tests::crossplane::controller::{
 use fnrun_tests::crossplane::xr::{
     COMPOSITION, XR, XRD, assert_composed, condition, docs_step, sh, wait_for,
 };
-use fnrun_tests::crossplane::{Core, NAMESPACE, PATCH_AND_TRANSFORM, loopback_ip};
+use fnrun_tests::crossplane::{
+    CROSSPLANE_CONSTRAINT, Core, NAMESPACE, PATCH_AND_TRANSFORM, function_binary, loopback_ip,
+    package_image,
+};
 use fnrun_tests::daemon::Daemon;
 use fnrun_tests::kube::ControlPlane;
 use fnrun_tests::registry::Registry;
@@ -50,6 +56,9 @@ const STEPS: &str = "## In Kubernetes, step by step";
 const DOCS_PACKAGE: &str = "registry.example.org/fns/function-patch-and-transform:v0.10.7";
 /// A second Function, whose repository goes missing.
 const BROKEN: &str = "function-broken";
+/// A Function that declares the `operation` capability: the tests' Go
+/// function (`tests/go/crossplanefn`, which answers with a Normal result).
+const OPS: &str = "function-ops";
 
 fn revisions(cp: &ControlPlane, function: &str) -> Vec<serde_json::Value> {
     cp.get_json(&[
@@ -122,10 +131,25 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         registry.digest(&format!("fns/{BROKEN}:v1")).unwrap()
     );
 
+    let ops_package = package_image(
+        &function_binary().expect("the tests' Go function builds"),
+        &format!(
+            "apiVersion: meta.pkg.crossplane.io/v1beta1\nkind: Function\nmetadata:\n  name: {OPS}\n\
+             spec:\n  crossplane:\n    version: \"{CROSSPLANE_CONSTRAINT}\"\n  capabilities: [operation]\n"
+        ),
+    )
+    .push_to(&registry, &format!("fns/{OPS}:v1"));
+
     let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
     let ip = loopback_ip();
     let service = format!("{fn_name}.{NAMESPACE}");
-    let core = Core::start(&cp, &[(&service, ip)], &[]).expect("crossplane starts");
+    let ops_service = format!("{OPS}.{NAMESPACE}");
+    let core = Core::start(
+        &cp,
+        &[(&service, ip), (&ops_service, ip)],
+        &["--enable-operations"],
+    )
+    .expect("crossplane starts");
     let root = workspace_root();
 
     // Step 1: the namespace's label.
@@ -280,6 +304,46 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     )
     .unwrap();
     assert_composed(&cp, "upgraded", "color-red", &|| logs(&fnrun));
+
+    // An Operation (Crossplane's --enable-operations) whose function declares
+    // the operation capability runs through fnrun.
+    cp.apply(&function_yaml(OPS, &ops_package)).unwrap();
+    wait_for(
+        "the operation Function Healthy",
+        Duration::from_secs(180),
+        || healthy(&cp, OPS),
+        &|| logs(&fnrun),
+    );
+    let ops_rev = active_revision(&cp, OPS).unwrap();
+    assert!(
+        ops_rev["status"]["capabilities"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c == "operation")),
+        "{ops_rev}"
+    );
+    cp.apply(&format!(
+        "apiVersion: ops.crossplane.io/v1alpha1\nkind: Operation\nmetadata:\n  name: fnrun-operation\n\
+         spec:\n  mode: Pipeline\n  pipeline:\n  - step: label\n    functionRef:\n      name: {OPS}\n"
+    ))
+    .unwrap();
+    let operation = wait_for(
+        "the Operation Succeeded",
+        Duration::from_secs(120),
+        || {
+            let op = cp.get_json(&["operation", "fnrun-operation"]).ok()?;
+            (condition(&op, "Succeeded").as_deref() == Some("True")).then_some(op)
+        },
+        &|| {
+            format!(
+                "{}\n{}",
+                cp.get_json(&["operation", "fnrun-operation"])
+                    .map(|o| o.to_string())
+                    .unwrap_or_default(),
+                logs(&fnrun)
+            )
+        },
+    );
+    eprintln!("{operation}");
 
     // A restart while a Function's image cannot be pulled for running.
     assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
