@@ -38,7 +38,7 @@ use fnrun_tests::crossplane::controller::{
     service_account_kubeconfig, start_fnrun, start_fnrun_as,
 };
 use fnrun_tests::crossplane::xr::{
-    COMPOSITION, XR, XRD, assert_composed, condition, docs_step, sh, wait_for,
+    COMPOSITION, XR, XRD, apply_steps_2_and_3, assert_composed, condition, docs_step, sh, wait_for,
 };
 use fnrun_tests::crossplane::{
     CROSSPLANE_CONSTRAINT, Core, NAMESPACE, PATCH_AND_TRANSFORM, function_binary, loopback_ip,
@@ -156,20 +156,8 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     for block in docs_step(STEPS, 1) {
         sh(&cp, &root, &block);
     }
-    // Step 2 is Helm's way to pass the flag Core gives crossplane directly.
-    assert!(
-        docs_step(STEPS, 2)
-            .concat()
-            .contains("--package-runtime=Function=External")
-    );
-    // Step 3: apply fnrun's manifests (no kubelet to roll them out: fnrun runs
-    // on the host as the Deployment says, with its ServiceAccount's token).
-    let step3 = docs_step(STEPS, 3).concat();
-    let apply = step3
-        .lines()
-        .find(|l| l.starts_with("kubectl apply"))
-        .expect("step 3 applies the manifests");
-    sh(&cp, &root, apply);
+    // Steps 2 and 3: Crossplane's flag, and fnrun's manifests applied.
+    apply_steps_2_and_3(&cp, &root, STEPS);
     let work = tempfile::tempdir().unwrap();
     let kubeconfig = service_account_kubeconfig(&cp, work.path());
     let mut fnrun = start_fnrun(&cp, &kubeconfig, ip, "fnrun-a", &[]);

@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fnrun_tests::crossplane::xr::{
-    COMPOSITION, XR, XRD, assert_composed, condition, docs_step, sh, wait_for,
+    COMPOSITION, XR, XRD, apply_steps_2_and_3, assert_composed, condition, docs_step, sh, wait_for,
 };
 use fnrun_tests::crossplane::{Core, NAMESPACE, PATCH_AND_TRANSFORM, ROOT_CA_SECRET, loopback_ip};
 use fnrun_tests::daemon::{Daemon, DaemonOpts, Listen};
@@ -224,21 +224,8 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
         ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
         "privileged"
     );
-    // Step 2 is Helm's way to pass --package-runtime=Function=External, which
-    // Core gives crossplane directly.
-    assert!(
-        docs_step(FILE_STEPS, 2)
-            .concat()
-            .contains("--package-runtime=Function=External")
-    );
-    // Step 3: apply the manifests (there is no kubelet to roll them out: fnrun
-    // runs on the host as the Deployment says).
-    let step3 = docs_step(FILE_STEPS, 3).concat();
-    let apply = step3
-        .lines()
-        .find(|l| l.starts_with("kubectl apply"))
-        .expect("step 3 applies the manifests");
-    sh(&cp, work.path(), apply);
+    // Steps 2 and 3: Crossplane's flag, and fnrun's manifests applied.
+    apply_steps_2_and_3(&cp, work.path(), FILE_STEPS);
     let svc = cp.get_json(&["service", fn_name, "-n", NAMESPACE]).unwrap();
     assert_eq!(svc["spec"]["ports"][0]["port"], 9443);
     let fnrun_dir = tempfile::tempdir().unwrap();

@@ -120,6 +120,25 @@ pub fn docs_step(heading: &str, step: u32) -> Vec<String> {
         .collect()
 }
 
+/// Steps 2 and 3 of the docs' section `heading`, as the tests can follow
+/// them: step 2 is Helm's way to pass `--package-runtime=Function=External`,
+/// which [`crate::crossplane::Core`] gives Crossplane directly; of step 3 the
+/// `kubectl apply` line is run in `dir` (there is no kubelet to roll the
+/// manifests out: fnrun runs on the host as the Deployment says).
+pub fn apply_steps_2_and_3(cp: &ControlPlane, dir: &Path, heading: &str) {
+    assert!(
+        docs_step(heading, 2)
+            .concat()
+            .contains("--package-runtime=Function=External")
+    );
+    let step3 = docs_step(heading, 3).concat();
+    let apply = step3
+        .lines()
+        .find(|l| l.starts_with("kubectl apply"))
+        .expect("step 3 applies the manifests");
+    sh(cp, dir, apply);
+}
+
 /// Runs `script` with `sh -e` in `dir`, with kubectl pointed at `cp`.
 pub fn sh(cp: &ControlPlane, dir: &Path, script: &str) -> String {
     eprintln!("$ {script}");
