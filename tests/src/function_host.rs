@@ -122,6 +122,9 @@ pub struct FunctionHost {
     addr: String,
     tls: HostTls,
     user: Option<TestUser>,
+    /// Crossplane's client certificate, written once: calls made from
+    /// several threads read the same files while others are made.
+    client_cert: std::sync::OnceLock<TlsFiles>,
 }
 
 impl FunctionHost {
@@ -189,6 +192,7 @@ impl FunctionHost {
             addr,
             tls: opts.tls,
             user: opts.user,
+            client_cert: std::sync::OnceLock::new(),
         })
     }
 
@@ -277,9 +281,13 @@ impl FunctionHost {
 
     /// Crossplane's client certificate, signed by the test CA.
     pub fn client_cert(&self) -> TlsFiles {
-        self.certs
-            .client("crossplane")
-            .expect("the client certificate is written")
+        self.client_cert
+            .get_or_init(|| {
+                self.certs
+                    .client("crossplane")
+                    .expect("the client certificate is written")
+            })
+            .clone()
     }
 
     /// The user the daemon runs as, if not root.

@@ -124,16 +124,36 @@ fn tls_connections_are_routed_by_sni_and_without_sni_by_authority() {
             );
         }
     }
-    // A server name that is no function's: the handshake is refused.
+    // A server name that could be a function's but is none: fnrun holds the
+    // CA key, so it mints a certificate for it, and the call is NOT_FOUND
+    // with the functions that exist, logged with the name.
     let outcome = host
         .call("fn-alpha")
         .server_name("fn-delta.crossplane-system")
         .request(SAMPLE_REQUEST)
         .run()
         .unwrap();
+    assert_eq!(outcome.code, tonic::Code::NotFound, "{outcome:?}");
+    assert!(
+        outcome.message.contains("fn-delta.crossplane-system"),
+        "{outcome:?}"
+    );
+    let log = host.log();
+    assert!(
+        log.lines().any(|l| l.contains("function call failed")
+            && l.contains("fn-delta.crossplane-system")),
+        "{log}"
+    );
+    // A name no function could have: the handshake is refused.
+    let outcome = host
+        .call("fn-alpha")
+        .server_name("fn-delta.example")
+        .request(SAMPLE_REQUEST)
+        .run()
+        .unwrap();
     assert_eq!(outcome.code, tonic::Code::Unavailable, "{outcome:?}");
     host.wait_log(
-        "no function answers to the server name \"fn-delta.crossplane-system\"",
+        "no function answers to the server name \"fn-delta.example\"",
         1,
         std::time::Duration::from_secs(5),
     )
