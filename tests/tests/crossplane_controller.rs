@@ -11,6 +11,10 @@
 //! - an upgrade to a new package: the new revision becomes Active and
 //!   served, the endpoint stays, the old revision is marked inactive, and an
 //!   XR created after it is composed;
+//! - a Function whose package needs credentials (`spec.packagePullSecrets`)
+//!   and whose DeploymentRuntimeConfig sets an environment variable and a
+//!   memory limit: fnrun pulls with the Secret and runs the function so; and
+//!   one whose credentials come from a matching ImageConfig;
 //! - an Operation (`--enable-operations`) whose function (the tests' Go
 //!   function, packaged with the `operation` capability) runs through fnrun
 //!   succeeds;
@@ -41,10 +45,11 @@ use fnrun_tests::crossplane::xr::{
     COMPOSITION, XR, XRD, apply_steps_2_and_3, assert_composed, condition, docs_step, sh, wait_for,
 };
 use fnrun_tests::crossplane::{
-    CROSSPLANE_CONSTRAINT, Core, NAMESPACE, PATCH_AND_TRANSFORM, function_binary, loopback_ip,
-    package_image,
+    CROSSPLANE_CONSTRAINT, Core, FUNCTION_PATH, NAMESPACE, PATCH_AND_TRANSFORM, function_binary,
+    loopback_ip, package_image,
 };
 use fnrun_tests::daemon::Daemon;
+use fnrun_tests::function_host::descendants_named;
 use fnrun_tests::kube::ControlPlane;
 use fnrun_tests::registry::Registry;
 use fnrun_tests::user::{require_root, rootless_user};
@@ -56,6 +61,35 @@ const STEPS: &str = "## In Kubernetes, step by step";
 const DOCS_PACKAGE: &str = "registry.example.org/fns/function-patch-and-transform:v0.10.7";
 /// A second Function, whose repository goes missing.
 const BROKEN: &str = "function-broken";
+/// A Function in a registry that needs credentials, with a runtime config.
+const PRIVATE: &str = "function-private";
+/// A Function in the same registry whose credentials come from an
+/// ImageConfig that matches its package.
+const PRIVATE_IC: &str = "function-private-ic";
+/// The environment variable its DeploymentRuntimeConfig sets.
+const DRC_ENV: &str = "FNRUN_TEST_SETTING";
+/// That DeploymentRuntimeConfig: `FNRUN_TEST_SETTING=from-drc` and a memory
+/// limit of 200Mi for the `package-runtime` container.
+const LIMITED: &str = r#"
+apiVersion: pkg.crossplane.io/v1beta1
+kind: DeploymentRuntimeConfig
+metadata:
+  name: limited
+spec:
+  deploymentTemplate:
+    spec:
+      selector: {}
+      template:
+        spec:
+          containers:
+            - name: package-runtime
+              env:
+                - name: FNRUN_TEST_SETTING
+                  value: from-drc
+              resources:
+                limits:
+                  memory: 200Mi
+"#;
 /// A Function that declares the `operation` capability: the tests' Go
 /// function (`tests/go/crossplanefn`, which answers with a Normal result).
 const OPS: &str = "function-ops";
@@ -89,6 +123,28 @@ fn lease_holder(cp: &ControlPlane) -> Option<String> {
         .get_json(&["lease", "fnrun-functions", "-n", NAMESPACE])
         .ok()?;
     lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+}
+
+/// The memory limit of `pid`'s cgroup (v1 `memory.limit_in_bytes`, else v2
+/// `memory.max`), if it has one.
+fn memory_limit(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let file = text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            Some(format!(
+                "/sys/fs/cgroup/{controllers}{path}/memory.limit_in_bytes"
+            ))
+        } else if controllers.is_empty()
+            && std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+        {
+            Some(format!("/sys/fs/cgroup{path}/memory.max"))
+        } else {
+            None
+        }
+    })?;
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
 fn function_yaml(name: &str, package: &str) -> String {
@@ -139,6 +195,19 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         ),
     )
     .push_to(&registry, &format!("fns/{OPS}:v1"));
+
+    let private_registry = Registry::start_with_htpasswd("fnrun", "s3cret")
+        .expect("a registry with credentials starts");
+    let private = PATCH_AND_TRANSFORM
+        .image()
+        .unwrap()
+        .env("FNRUN_TEST_PACKAGE", "private")
+        .push_to(&private_registry, &format!("fns/{PRIVATE}:v1"));
+    let private_ic = PATCH_AND_TRANSFORM
+        .image()
+        .unwrap()
+        .env("FNRUN_TEST_PACKAGE", "private-ic")
+        .push_to(&private_registry, &format!("fns/{PRIVATE_IC}:v1"));
 
     let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
     let ip = loopback_ip();
@@ -332,6 +401,90 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         },
     );
     eprintln!("{operation}");
+
+    // A Function whose package needs credentials (spec.packagePullSecrets,
+    // read through the API) and whose DeploymentRuntimeConfig sets an
+    // environment variable and a memory limit for the package-runtime
+    // container: fnrun pulls with the Secret, and runs the function so.
+    cp.kubectl(&[
+        "create",
+        "secret",
+        "docker-registry",
+        "private-pull",
+        "-n",
+        NAMESPACE,
+        &format!("--docker-server={}", private_registry.addr()),
+        "--docker-username=fnrun",
+        "--docker-password=s3cret",
+    ])
+    .unwrap();
+    cp.apply(LIMITED).unwrap();
+    cp.apply(&format!(
+        "{}  packagePullSecrets:\n  - name: private-pull\n  runtimeConfigRef:\n    name: limited\n",
+        function_yaml(PRIVATE, &private)
+    ))
+    .unwrap();
+    wait_for(
+        "the private Function Healthy",
+        Duration::from_secs(180),
+        || healthy(&cp, PRIVATE),
+        &|| logs(&fnrun),
+    );
+    // The same registry through an ImageConfig's pull secret: Crossplane
+    // lists it in the revision's appliedImageConfigRefs, and fnrun reads it.
+    cp.apply(&format!(
+        "apiVersion: pkg.crossplane.io/v1beta1\nkind: ImageConfig\nmetadata:\n  name: private\n\
+         spec:\n  matchImages:\n  - prefix: {}/fns/{PRIVATE_IC}\n  registry:\n    authentication:\n\
+         \x20     pullSecretRef:\n        name: private-pull\n",
+        private_registry.addr()
+    ))
+    .unwrap();
+    cp.apply(&function_yaml(PRIVATE_IC, &private_ic)).unwrap();
+    wait_for(
+        "the Function whose credentials an ImageConfig gives Healthy",
+        Duration::from_secs(180),
+        || healthy(&cp, PRIVATE_IC),
+        &|| logs(&fnrun),
+    );
+    let rev = active_revision(&cp, PRIVATE_IC).unwrap();
+    assert!(
+        rev["status"]["appliedImageConfigRefs"]
+            .as_array()
+            .is_some_and(|refs| refs
+                .iter()
+                .any(|r| r["name"] == "private" && r["reason"] == "SetImagePullSecret")),
+        "{rev}"
+    );
+    let daemon_pid = fnrun.pid().unwrap();
+    let server = descendants_named(daemon_pid, FUNCTION_PATH)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0)
+                    .any(|v| v == format!("{DRC_ENV}=from-drc").as_bytes())
+            })
+        })
+        .unwrap_or_else(|| {
+            let seen: Vec<String> = descendants_named(daemon_pid, FUNCTION_PATH)
+                .into_iter()
+                .map(|pid| {
+                    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                    format!(
+                        "{pid}: {}",
+                        String::from_utf8_lossy(&env).replace('\0', " ")
+                    )
+                })
+                .collect();
+            panic!(
+                "no function server with {DRC_ENV} set: {seen:#?}\n{}",
+                fnrun.log()
+            )
+        });
+    assert_eq!(
+        memory_limit(server),
+        Some(200 << 20),
+        "the runtime config's memory limit"
+    );
 
     // A restart while a Function's image cannot be pulled for running.
     assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
