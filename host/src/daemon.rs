@@ -49,6 +49,8 @@ pub struct Serving {
     resolver: Option<Arc<SniResolver>>,
     client_ca: Option<Arc<ClientCa>>,
     names: tokio::sync::Mutex<Vec<String>>,
+    /// Shutting down: health stays NOT_SERVING whatever is applied.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Serving {
@@ -60,11 +62,6 @@ impl Serving {
     /// The namespace of the functions' Services.
     pub fn namespace(&self) -> &str {
         &self.namespace
-    }
-
-    /// Whether the listener serves TLS.
-    pub fn tls(&self) -> bool {
-        self.resolver.is_some()
     }
 
     /// The client CA the listener verifies against, when the catalogue is
@@ -83,7 +80,9 @@ impl Serving {
             resolver.replace(certs);
         }
         let changes = self.host.apply(catalogue);
-        listener::serving(&self.health, &names).await;
+        if !self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            listener::serving(&self.health, &names).await;
+        }
         for gone in current.iter().filter(|n| !names.contains(n)) {
             self.health.clone().clear_service_status(gone).await;
         }
@@ -358,6 +357,7 @@ async fn serve(
         resolver: listening.resolver,
         client_ca: listening.client_ca,
         names: tokio::sync::Mutex::new(Vec::new()),
+        stopping: std::sync::atomic::AtomicBool::new(false),
     });
     let daemon = FunctionsDaemon {
         serving: serving.clone(),
@@ -388,6 +388,11 @@ impl FunctionsDaemon {
         if let Some(reloader) = &self.reloader {
             reloader.abort();
         }
+        // A catalogue applied from now on (Kubernetes mode's controller runs
+        // until the listeners close) says SERVING no more.
+        self.serving
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let services = [
             "",
             fnrun_api::v1::SERVICE_NAME,
