@@ -837,10 +837,17 @@ async fn fork_bomb_is_contained_by_the_default_pids_limit() {
         let stop = stop.clone();
         let needle = marker.clone();
         std::thread::spawn(move || {
+            // One scan of /proc is no snapshot: while it reads, bomb
+            // processes end and others take their place, and it can count
+            // more than ever lived at once. A process seen by two scans in a
+            // row lived through the time between them, so those seen by both
+            // lived at the same time.
             let mut most = 0;
+            let mut before = processes_with(&needle);
             while !stop.load(Ordering::Relaxed) {
-                most = most.max(processes_with(&needle));
-                std::thread::sleep(Duration::from_millis(50));
+                let now = processes_with(&needle);
+                most = most.max(before.intersection(&now).count());
+                before = now;
             }
             most
         })
@@ -874,13 +881,19 @@ async fn fork_bomb_is_contained_by_the_default_pids_limit() {
 }
 
 /// How many processes have `needle` in their command line.
-fn processes_with(needle: &str) -> usize {
+fn processes_with(needle: &str) -> std::collections::HashSet<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(Result::ok)
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()))
-        .count()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            cmdline
+                .windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+                .then_some(pid)
+        })
+        .collect()
 }
 
 #[tokio::test]
