@@ -42,7 +42,8 @@ use fnrun_tests::crossplane::controller::{
     service_account_kubeconfig, start_fnrun, start_fnrun_as,
 };
 use fnrun_tests::crossplane::xr::{
-    COMPOSITION, XR, XRD, apply_steps_2_and_3, assert_composed, condition, docs_step, sh, wait_for,
+    XR, apply_steps_2_and_3, apply_xrd_and_composition, assert_composed, condition, docs_step, sh,
+    wait_for,
 };
 use fnrun_tests::crossplane::{
     CROSSPLANE_CONSTRAINT, Core, FUNCTION_PATH, NAMESPACE, PATCH_AND_TRANSFORM, function_binary,
@@ -294,17 +295,7 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     );
 
     // A composite resource that uses the function reconciles.
-    cp.apply(XRD).unwrap();
-    wait_for(
-        "the XRD established",
-        Duration::from_secs(120),
-        || {
-            let xrd = cp.get_json(&["xrd", "xapps.example.fnrun.dev"]).ok()?;
-            (condition(&xrd, "Established").as_deref() == Some("True")).then_some(())
-        },
-        &|| logs(&fnrun),
-    );
-    cp.apply(COMPOSITION).unwrap();
+    apply_xrd_and_composition(&cp, &|| logs(&fnrun));
     cp.apply(XR).unwrap();
     assert_composed(&cp, "demo", "color-blue", &|| logs(&fnrun));
 

@@ -27,7 +27,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use fnrun_tests::crossplane::xr::{
-    COMPOSITION, XR, XRD, apply_steps_2_and_3, assert_composed, condition, docs_step, sh, wait_for,
+    XR, apply_steps_2_and_3, apply_xrd_and_composition, assert_composed, condition, docs_step, sh,
+    wait_for,
 };
 use fnrun_tests::crossplane::{Core, NAMESPACE, PATCH_AND_TRANSFORM, ROOT_CA_SECRET, loopback_ip};
 use fnrun_tests::daemon::{Daemon, DaemonOpts, Listen};
@@ -274,17 +275,7 @@ fn the_kubernetes_steps_of_the_docs_compose_with_the_real_crossplane() {
     eprintln!("{function}");
 
     // Step 6: a composite resource that uses the function reconciles.
-    cp.apply(XRD).unwrap();
-    wait_for(
-        "the XRD established",
-        Duration::from_secs(120),
-        || {
-            let xrd = cp.get_json(&["xrd", "xapps.example.fnrun.dev"]).ok()?;
-            (condition(&xrd, "Established").as_deref() == Some("True")).then_some(())
-        },
-        &logs,
-    );
-    cp.apply(COMPOSITION).unwrap();
+    apply_xrd_and_composition(&cp, &logs);
     cp.apply(XR).unwrap();
     assert_composed(&cp, "demo", "color-blue", &|| {
         format!("{}\n--- fnrun ---\n{}", logs(), fnrun.log())

@@ -139,6 +139,21 @@ pub fn apply_steps_2_and_3(cp: &ControlPlane, dir: &Path, heading: &str) {
     sh(cp, dir, apply);
 }
 
+/// Applies [`XRD`] and [`COMPOSITION`] once the XRD is established.
+pub fn apply_xrd_and_composition(cp: &ControlPlane, log: &dyn Fn() -> String) {
+    cp.apply(XRD).unwrap();
+    wait_for(
+        "the XRD established",
+        Duration::from_secs(120),
+        || {
+            let xrd = cp.get_json(&["xrd", "xapps.example.fnrun.dev"]).ok()?;
+            (condition(&xrd, "Established").as_deref() == Some("True")).then_some(())
+        },
+        log,
+    );
+    cp.apply(COMPOSITION).unwrap();
+}
+
 /// Runs `script` with `sh -e` in `dir`, with kubectl pointed at `cp`.
 pub fn sh(cp: &ControlPlane, dir: &Path, script: &str) -> String {
     eprintln!("$ {script}");
