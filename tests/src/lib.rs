@@ -22,7 +22,8 @@
 //! - [`python`], [`go`]: gRPC clients of other libraries (grpcio, grpc-go) from
 //!   `tests/python/` and `tests/go/`, with stubs generated from `.proto` files;
 //!   [`grpc_clients`] runs them against a daemon.
-//! - [`tool_cache`]: what those need, built once and kept across runs.
+//! - [`tool_cache`]: what those need, built once and kept across runs;
+//!   [`prebuild`] builds all of it ahead of the tests (`fnrun-prebuild`).
 //! - [`kube`]: a Kubernetes control plane (etcd and kube-apiserver built from
 //!   their modules, RBAC, a service-account token issuer) and `kubectl`.
 //! - [`crossplane`]: Crossplane v1 Function packages (servers on grpc-go and
@@ -53,6 +54,7 @@ pub mod image;
 pub mod java;
 pub mod krm;
 pub mod kube;
+pub mod prebuild;
 pub mod process;
 pub mod python;
 pub mod reflection;
