@@ -90,6 +90,12 @@ pub struct FunctionsArgs {
     /// trial or a call) stays without calls; 0: until the function goes.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = fnrun_api::duration::parse)]
     pub functions_idle_timeout: std::time::Duration,
+    /// Kubernetes mode: how long the start may take to read Functions, their
+    /// revisions, runtime configs, ImageConfigs, Services and the CA Secret
+    /// through the API; past it, fnrun exits, naming what it could not read
+    /// and why (a permission rbac.yaml lacks, say).
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = fnrun_api::duration::parse)]
+    pub functions_start_timeout: std::time::Duration,
 }
 
 impl FunctionsArgs {
@@ -126,6 +132,7 @@ impl FunctionsArgs {
             service_selector,
             idle_timeout: (!self.functions_idle_timeout.is_zero())
                 .then_some(self.functions_idle_timeout),
+            start_timeout: self.functions_start_timeout,
         };
         Ok(Some((listener, controller)))
     }

@@ -60,4 +60,7 @@ pub struct Config {
     /// How long a function's warm instance stays without calls; `None`:
     /// until the function goes.
     pub idle_timeout: Option<std::time::Duration>,
+    /// How long the start may take to read every object it watches; past
+    /// it, [`run`] fails, naming what it could not read and why.
+    pub start_timeout: std::time::Duration,
 }

@@ -118,71 +118,61 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     let ns = config.namespace.clone();
     let (poke, poked) = mpsc::unbounded_channel();
     // The Controller keeps a store of Functions of its own; this one is for
     // the sweep, which must know that the list is complete before it takes a
     // Function's absence for its deletion.
+    let mut watched = Vec::new();
     let functions = reflect(
         Api::<Function>::all(client.clone()),
         watcher::Config::default(),
+        "Functions".into(),
         &poke,
+        &mut watched,
     );
     let revisions = reflect(
         Api::<FunctionRevision>::all(client.clone()),
         watcher::Config::default(),
+        "FunctionRevisions".into(),
         &poke,
+        &mut watched,
     );
     let runtime_configs = reflect(
         Api::<DeploymentRuntimeConfig>::all(client.clone()),
         watcher::Config::default(),
+        "DeploymentRuntimeConfigs".into(),
         &poke,
+        &mut watched,
     );
     let image_configs = reflect(
         Api::<ImageConfig>::all(client.clone()),
         watcher::Config::default(),
+        "ImageConfigs".into(),
         &poke,
+        &mut watched,
     );
     let ca = config.ca_secret.as_ref().map(|name| {
         reflect(
             Api::<Secret>::namespaced(client.clone(), &ns),
             watcher::Config::default().fields(&format!("metadata.name={name}")),
+            format!("the CA Secret {ns}/{name} (--functions-ca-secret)"),
             &poke,
+            &mut watched,
         )
     });
     let services = reflect(
         Api::<Service>::namespaced(client.clone(), &ns),
         watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)),
+        format!("Services in {ns}"),
         &poke,
+        &mut watched,
     );
     tracing::info!(
         namespace = ns,
         "Kubernetes mode: reading Functions and their revisions"
     );
-    functions
-        .wait_until_ready()
-        .await
-        .context("watch Functions")?;
-    revisions
-        .wait_until_ready()
-        .await
-        .context("watch FunctionRevisions")?;
-    runtime_configs
-        .wait_until_ready()
-        .await
-        .context("watch DeploymentRuntimeConfigs")?;
-    image_configs
-        .wait_until_ready()
-        .await
-        .context("watch ImageConfigs")?;
-    services
-        .wait_until_ready()
-        .await
-        .context("watch Services")?;
-    if let Some(ca) = &ca {
-        ca.wait_until_ready().await.context("watch the CA Secret")?;
-    }
+    wait_until_read(&watched, config.start_timeout).await?;
 
     let (leader, stop_lease, lease_task) = elect(&client, &config, &poke).await?;
     let controller = Controller::new(
@@ -240,29 +230,94 @@ pub async fn run(
     Ok(())
 }
 
-/// A store of `api`'s objects, kept by a task that pokes the controller at
-/// every change and logs what it cannot watch (and retries, with backoff).
-fn reflect<K>(api: Api<K>, config: watcher::Config, poke: &mpsc::UnboundedSender<()>) -> Store<K>
+/// What a reflector watches, for the start: whether its first list is in,
+/// and the last error its watch met.
+struct Watched {
+    what: String,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    error: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+/// A store of `api`'s objects (`what`, for the log), kept by a task that
+/// pokes the controller at every change and logs what it cannot watch (and
+/// retries, with backoff); what [`wait_until_read`] needs is pushed to
+/// `watched`.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: String,
+    poke: &mpsc::UnboundedSender<()>,
+    watched: &mut Vec<Watched>,
+) -> Store<K>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (reader, writer) = reflector::store();
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
     let poke = poke.clone();
+    let error = Arc::new(std::sync::Mutex::new(None));
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let last_error = error.clone();
     let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    let watching = what.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {
                 Ok(_) => {
+                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
                     let _ = poke.send(());
                 }
-                Err(e) => tracing::warn!(kind, error = %e, "cannot watch; retrying"),
+                Err(e) => {
+                    tracing::warn!(watching, error = %e, "cannot watch; retrying");
+                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                }
             }
         }
     });
+    let (store, is_ready) = (reader.clone(), ready.clone());
+    tokio::spawn(async move {
+        if store.wait_until_ready().await.is_ok() {
+            is_ready.store(true, std::sync::atomic::Ordering::Release);
+        }
+    });
+    watched.push(Watched { what, ready, error });
     reader
+}
+
+/// Waits until every store of `watched` has its first list, for at most
+/// `timeout`; then fails, naming each one that has none and the last error
+/// its watch met (a Forbidden names the permission `rbac.yaml` lacks). A
+/// missing grant is often a moment's race with the RoleBinding being applied,
+/// hence the wait; a grant that never comes fails the start, so that the pod
+/// restarts and says why, rather than waiting forever with nothing served.
+async fn wait_until_read(watched: &[Watched], timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let pending = || {
+        watched
+            .iter()
+            .filter(|w| !w.ready.load(std::sync::atomic::Ordering::Acquire))
+    };
+    while pending().next().is_some() {
+        if Instant::now() >= deadline {
+            let unread: Vec<String> = pending()
+                .map(|w| {
+                    let error = w.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    match error {
+                        Some(error) => format!("{}: {error}", w.what),
+                        None => format!("{}: no answer", w.what),
+                    }
+                })
+                .collect();
+            anyhow::bail!(
+                "Kubernetes mode cannot read what it serves from (--functions-start-timeout {}): {}",
+                fnrun_api::duration::format(timeout),
+                unread.join("; ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
 }
 
 /// Joins the election of the Lease; the receiver says whether this replica
@@ -901,6 +956,54 @@ fn now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn watched(what: &str, ready: bool, error: Option<&str>) -> Watched {
+        Watched {
+            what: what.into(),
+            ready: Arc::new(std::sync::atomic::AtomicBool::new(ready)),
+            error: Arc::new(std::sync::Mutex::new(error.map(str::to_owned))),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_start_fails_naming_what_it_could_not_read_and_why() {
+        let all = [
+            watched("Functions", true, None),
+            watched(
+                "the CA Secret ns/ca (--functions-ca-secret)",
+                false,
+                Some("secrets \"ca\" is forbidden"),
+            ),
+            watched("Services in ns", false, None),
+        ];
+        let error = wait_until_read(&all, Duration::from_millis(100))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "Kubernetes mode cannot read what it serves from (--functions-start-timeout 100ms): \
+             the CA Secret ns/ca (--functions-ca-secret): secrets \"ca\" is forbidden; \
+             Services in ns: no answer"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_start_waits_for_every_store() {
+        let all = [
+            watched("Functions", true, None),
+            watched("Services", false, None),
+        ];
+        let late = all[1].ready.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            late.store(true, std::sync::atomic::Ordering::Release);
+        });
+        wait_until_read(&all, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(all[1].ready.load(std::sync::atomic::Ordering::Acquire));
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_most() {

@@ -218,6 +218,7 @@ mod tests {
             lease: "fnrun-functions".into(),
             service_selector: parse_selector("app=fnrun").unwrap(),
             idle_timeout: None,
+            start_timeout: std::time::Duration::from_secs(60),
         }
     }
 

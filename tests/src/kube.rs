@@ -256,6 +256,17 @@ impl ControlPlane {
         fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default()
     }
 
+    /// Freezes the API server (SIGSTOP), as a network partition would: its
+    /// connections stay open and nothing answers, until the guard is dropped
+    /// (SIGCONT).
+    pub fn pause_apiserver(&self) -> Paused<'_> {
+        let pid = self.apiserver.as_ref().expect("the API server runs").id();
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("a pid is an i32"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP)
+            .expect("the API server stops");
+        Paused { pid, _cp: self }
+    }
+
     /// The end of the API server's and etcd's logs, for a failure message.
     pub fn log_tails(&self) -> String {
         let tail = |name: &str| {
@@ -316,6 +327,20 @@ impl ControlPlane {
             "current-context": "test",
         });
         serde_norway::to_string(&config).expect("a kubeconfig serialises")
+    }
+}
+
+/// The API server frozen by [`ControlPlane::pause_apiserver`]; dropping it
+/// lets it run again.
+#[must_use]
+pub struct Paused<'a> {
+    pid: nix::unistd::Pid,
+    _cp: &'a ControlPlane,
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGCONT);
     }
 }
 

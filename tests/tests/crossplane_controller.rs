@@ -23,8 +23,17 @@
 //!   package): fnrun converges (the served Function stays Healthy),
 //!   `RuntimeHealthy` is False with the registry's error, and turns True
 //!   once the repository is back;
-//! - two replicas: one leader, both serve; the leader stops, the other takes
-//!   the Lease and writes what changed: a deleted Function's Service goes;
+//! - the API server frozen (as behind a partition) for longer than the
+//!   Lease: calls made as Crossplane makes them are served throughout, and
+//!   once it is back fnrun follows a deletion again;
+//! - the CA Secret deleted: active revisions say `RuntimeHealthy` False with
+//!   why, the certificates minted before keep serving; a new CA in the
+//!   Secret: fnrun mints from it and verifies clients against it (a client
+//!   of the new CA is served, Crossplane's of the old one refused); then
+//!   Crossplane's CA back;
+//! - two replicas: one leader, both serve; the leader is killed, the other
+//!   takes the Lease once it expires and writes what changed: a deleted
+//!   Function's Service goes;
 //! - fnrun run by an unprivileged user (rootless) takes over, and an XR is
 //!   composed through it.
 //!
@@ -36,7 +45,11 @@
 //! it.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::time::Duration;
+
+use fnrun_tests::certs::{Ca, TlsFiles};
+use fnrun_tests::crossplane::Call;
 
 use fnrun_tests::crossplane::controller::{
     service_account_kubeconfig, start_fnrun, start_fnrun_as,
@@ -46,8 +59,8 @@ use fnrun_tests::crossplane::xr::{
     wait_for,
 };
 use fnrun_tests::crossplane::{
-    CROSSPLANE_CONSTRAINT, Core, FUNCTION_PATH, NAMESPACE, PATCH_AND_TRANSFORM, function_binary,
-    loopback_ip, package_image,
+    CROSSPLANE_CONSTRAINT, Core, FUNCTION_PATH, NAMESPACE, PATCH_AND_TRANSFORM, ROOT_CA_SECRET,
+    function_binary, loopback_ip, package_image,
 };
 use fnrun_tests::daemon::Daemon;
 use fnrun_tests::function_host::descendants_named;
@@ -477,6 +490,151 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         "the runtime config's memory limit"
     );
 
+    // Calls as Crossplane makes them, straight to fnrun's listener with
+    // Crossplane's client certificate: what "keeps serving" means below.
+    let crossplane_tls = core.client_tls();
+    let call = |client: &TlsFiles, ca: &Path| {
+        Call::mtls(&format!("{ip}:9443"), ca)
+            .client_cert(client)
+            .server_name(&service)
+            .timeout(Duration::from_secs(20))
+            .run()
+    };
+    let served = |client: &TlsFiles, ca: &Path| {
+        call(client, ca).is_ok_and(|outcome| outcome.code == tonic::Code::Ok)
+    };
+    let outcome = call(&crossplane_tls, &crossplane_tls.ca).unwrap();
+    assert_eq!(outcome.code, tonic::Code::Ok, "{outcome:?}");
+
+    // The API server lost (frozen, as behind a partition) for longer than
+    // the Lease lasts: fnrun keeps serving what it knows.
+    let paused = cp.pause_apiserver();
+    for _ in 0..2 {
+        let outcome = call(&crossplane_tls, &crossplane_tls.ca).unwrap();
+        assert_eq!(
+            outcome.code,
+            tonic::Code::Ok,
+            "{outcome:?}\n{}",
+            fnrun.log()
+        );
+        std::thread::sleep(Duration::from_secs(10));
+    }
+    assert_eq!(fnrun.try_wait(), None, "{}", fnrun.log());
+    drop(paused);
+    // Back, fnrun follows Crossplane again and writes as the leader: a
+    // deleted Function's Service goes.
+    cp.kubectl(&["delete", "function", OPS, "--wait=false"])
+        .unwrap();
+    wait_for(
+        "the deleted operation Function's Service gone after the API server's return",
+        Duration::from_secs(120),
+        || {
+            cp.get_json(&["service", OPS, "-n", NAMESPACE])
+                .is_err()
+                .then_some(())
+        },
+        &|| logs(&fnrun),
+    );
+    assert!(served(&crossplane_tls, &crossplane_tls.ca));
+
+    // The CA Secret deleted: every active revision says why fnrun cannot
+    // serve TLS, while the certificates already minted keep serving.
+    let ca_pem = |key: &str| {
+        cp.kubectl(&[
+            "get",
+            "secret",
+            ROOT_CA_SECRET,
+            "-n",
+            NAMESPACE,
+            "-o",
+            &format!("go-template={{{{index .data \"{key}\" | base64decode}}}}"),
+        ])
+        .unwrap()
+    };
+    let original = work.path().join("original-ca");
+    std::fs::create_dir(&original).unwrap();
+    for key in ["tls.crt", "tls.key"] {
+        std::fs::write(original.join(key), ca_pem(key)).unwrap();
+    }
+    let create_ca = |dir: &Path| {
+        cp.kubectl(&[
+            "create",
+            "secret",
+            "generic",
+            ROOT_CA_SECRET,
+            "-n",
+            NAMESPACE,
+            &format!("--from-file=tls.crt={}", dir.join("tls.crt").display()),
+            &format!("--from-file=tls.key={}", dir.join("tls.key").display()),
+        ])
+        .unwrap();
+    };
+    let runtime_healthy = |status: &str, message: &str| {
+        let rev = active_revision(&cp, fn_name)?;
+        let c = rev["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "RuntimeHealthy")?
+            .clone();
+        (c["status"] == status && c["message"].as_str().unwrap_or_default().contains(message))
+            .then_some(c)
+    };
+    cp.kubectl(&["delete", "secret", ROOT_CA_SECRET, "-n", NAMESPACE])
+        .unwrap();
+    wait_for(
+        "RuntimeHealthy False without the CA",
+        Duration::from_secs(60),
+        || {
+            runtime_healthy(
+                "False",
+                &format!(
+                    "fnrun cannot serve TLS: the CA Secret {NAMESPACE}/{ROOT_CA_SECRET}: does not exist"
+                ),
+            )
+        },
+        &|| logs(&fnrun),
+    );
+    assert!(served(&crossplane_tls, &crossplane_tls.ca));
+    // A new CA in the Secret: fnrun mints from it and verifies clients
+    // against it. A client of the new CA is served; Crossplane's
+    // certificate, of the old one, is refused.
+    let rotated = Ca::new("fnrun-test-rotated-ca").unwrap();
+    let rotated_dir = work.path().join("rotated-ca");
+    std::fs::create_dir(&rotated_dir).unwrap();
+    std::fs::write(rotated_dir.join("tls.crt"), rotated.cert_pem()).unwrap();
+    std::fs::write(rotated_dir.join("tls.key"), rotated.key_pem()).unwrap();
+    create_ca(&rotated_dir);
+    let rotated_client = TlsFiles::write(
+        &rotated_dir.join("client"),
+        &rotated.client("crossplane").unwrap(),
+        &rotated.cert_pem(),
+    )
+    .unwrap();
+    wait_for(
+        "a client of the new CA served",
+        Duration::from_secs(60),
+        || served(&rotated_client, &rotated_client.ca).then_some(()),
+        &|| logs(&fnrun),
+    );
+    wait_for(
+        "RuntimeHealthy True with the new CA",
+        Duration::from_secs(60),
+        || runtime_healthy("True", ""),
+        &|| logs(&fnrun),
+    );
+    // The server's certificate is trusted here: what fails is the client's.
+    assert!(!served(&crossplane_tls, &rotated_client.ca));
+    // Crossplane's CA back, as it was.
+    cp.kubectl(&["delete", "secret", ROOT_CA_SECRET, "-n", NAMESPACE])
+        .unwrap();
+    create_ca(&original);
+    wait_for(
+        "Crossplane's client served again with its CA back",
+        Duration::from_secs(60),
+        || served(&crossplane_tls, &crossplane_tls.ca).then_some(()),
+        &|| logs(&fnrun),
+    );
+
     // A restart while a Function's image cannot be pulled for running.
     assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
     cp.apply(&function_yaml(BROKEN, &broken)).unwrap();
@@ -550,7 +708,10 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         },
         &|| second.log(),
     );
-    assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
+    // Killed, not stopped: the Lease is not given back, and the second
+    // replica takes it once it has expired.
+    fnrun.signal(nix::sys::signal::Signal::SIGKILL);
+    assert!(fnrun.wait_exit(Duration::from_secs(10)).is_some());
     wait_for(
         "the second replica leading",
         Duration::from_secs(60),

@@ -7,7 +7,10 @@
 //! else.
 
 use std::path::Path;
+use std::time::Duration;
 
+use fnrun_tests::crossplane::controller::{service_account_kubeconfig, start_fnrun};
+use fnrun_tests::crossplane::loopback_ip;
 use fnrun_tests::kube::ControlPlane;
 use fnrun_tests::workspace_root;
 
@@ -326,4 +329,42 @@ fn fnruns_service_accounts_get_what_the_manifests_grant_and_no_more() {
         std::time::Duration::from_secs(30),
     );
     assert_eq!(out.code, Some(0), "the Role's grant: {out:?}");
+
+    // fnrun itself with its account's token. With the defaults it reads
+    // everything it watches and stays up, electing a leader.
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = service_account_kubeconfig(&cp, dir.path());
+    let args = ["--functions-start-timeout=3s"];
+    let mut fnrun = start_fnrun(&cp, &kubeconfig, loopback_ip(), "fnrun-0", &args);
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(fnrun.try_wait(), None, "{}", fnrun.log());
+    assert!(fnrun.log().contains("leader election"), "{}", fnrun.log());
+    fnrun.stop();
+    // A CA Secret renamed without the same name in rbac.yaml's
+    // resourceNames cannot be watched: the start fails after
+    // --functions-start-timeout, naming it and the API server's answer.
+    let args = [
+        "--functions-ca-secret=renamed-ca",
+        "--functions-start-timeout=3s",
+    ];
+    let mut fnrun = start_fnrun(&cp, &kubeconfig, loopback_ip(), "fnrun-0", &args);
+    let status = fnrun
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("fnrun waits forever: {}", fnrun.log()));
+    assert!(!status.success(), "{status:?}: {}", fnrun.log());
+    let log = fnrun.log();
+    // The JSON log's line, its quotes unescaped.
+    let error = log
+        .lines()
+        .find(|l| l.contains("cannot read what it serves from"))
+        .unwrap_or_else(|| panic!("no start error in:\n{log}"))
+        .replace("\\\"", "\"");
+    assert!(
+        error.contains("(--functions-start-timeout 3s)")
+            && error.contains("the CA Secret crossplane-system/renamed-ca (--functions-ca-secret)")
+            && error.contains("cannot list resource \"secrets\""),
+        "{error}"
+    );
+    // Only the Secret: everything else was read.
+    assert!(!error.contains("Functions:"), "{error}");
 }

@@ -43,7 +43,8 @@ pub fn service_account_kubeconfig(cp: &ControlPlane, dir: &Path) -> std::path::P
 /// `fnrun serve` as `deploy/crossplane/deployment.yaml` runs it (applied to
 /// `cp` before), as the pod `identity` with `kubeconfig`: its args, its
 /// functions listener on `ip` instead of every address, its metrics on a
-/// free port of 127.0.0.1, and `extra` args after them.
+/// free port of 127.0.0.1, and `extra` args after them (each replacing the
+/// Deployment's of the same flag).
 pub fn start_fnrun(
     cp: &ControlPlane,
     kubeconfig: &Path,
@@ -90,8 +91,14 @@ pub fn start_fnrun_as(
         .collect();
     assert_eq!(args.first(), Some(&"serve"), "{args:?}");
     assert!(args.contains(&"--functions-kubernetes"), "{args:?}");
+    // A flag of `extra` replaces the Deployment's.
+    let flag = |arg: &str| arg.split('=').next().unwrap_or(arg).to_owned();
+    let replaced: Vec<String> = extra.iter().map(|a| flag(a)).collect();
     for arg in &args[1..] {
-        if *arg == "--listen=none" || arg.starts_with("--cache-dir=") {
+        if *arg == "--listen=none"
+            || arg.starts_with("--cache-dir=")
+            || replaced.contains(&flag(arg))
+        {
             continue;
         }
         let arg = arg

@@ -230,6 +230,19 @@ impl Core {
         fs::read_to_string(self.dir.path().join("crossplane.log")).unwrap_or_default()
     }
 
+    /// Crossplane's client certificate (the Secret `crossplane-tls-client`
+    /// as `core init` made it, read at the start): what it calls functions
+    /// with.
+    pub fn client_tls(&self) -> crate::certs::TlsFiles {
+        let dir = self.dir.path().join("tls-client");
+        crate::certs::TlsFiles {
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+            ca: dir.join("ca.crt"),
+            dir,
+        }
+    }
+
     /// The last `lines` lines of [`Core::log`].
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log();
