@@ -9,8 +9,8 @@
 //! composed by it becomes Ready. Then, each against the same control plane:
 //!
 //! - an upgrade to a new package: the new revision becomes Active and
-//!   served, the endpoint stays, the old revision is marked inactive, and an
-//!   XR created after it is composed;
+//!   served, the endpoint stays, the old instance stops, the old revision is
+//!   marked inactive, and an XR created after it is composed;
 //! - a Function whose package needs credentials (`spec.packagePullSecrets`)
 //!   and whose DeploymentRuntimeConfig sets an environment variable and a
 //!   memory limit: fnrun pulls with the Secret and runs the function so; and
@@ -33,7 +33,7 @@
 //!   Crossplane's CA back;
 //! - two replicas: one leader, both serve; the leader is killed, the other
 //!   takes the Lease once it expires and writes what changed: a deleted
-//!   Function's Service goes;
+//!   Function's Service and instance go;
 //! - fnrun run by an unprivileged user (rootless) takes over, and an XR is
 //!   composed through it.
 //!
@@ -159,6 +159,20 @@ fn memory_limit(pid: i32) -> Option<u64> {
         }
     })?;
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
+/// The `FNRUN_TEST_PACKAGE` of each function server of the daemon `pid`
+/// (`None` for the released package, which sets none).
+fn servers_by_package(pid: u32) -> Vec<Option<String>> {
+    descendants_named(pid, FUNCTION_PATH)
+        .into_iter()
+        .filter_map(|server| std::fs::read(format!("/proc/{server}/environ")).ok())
+        .map(|env| {
+            env.split(|b| *b == 0)
+                .find_map(|v| v.strip_prefix(b"FNRUN_TEST_PACKAGE="))
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+        .collect()
 }
 
 fn function_yaml(name: &str, package: &str) -> String {
@@ -334,6 +348,19 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         ),
         "the upgraded image is served: {}",
         fnrun.log()
+    );
+    // The old instance stops: the one server left is the new package's.
+    wait_for(
+        "the old instance stopped",
+        Duration::from_secs(60),
+        || (servers_by_package(fnrun.pid()?) == [Some("2".to_owned())]).then_some(()),
+        &|| {
+            format!(
+                "{:?}\n{}",
+                servers_by_package(fnrun.pid().unwrap()),
+                logs(&fnrun)
+            )
+        },
     );
     wait_for(
         "the old revision marked inactive",
@@ -718,6 +745,16 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         || (lease_holder(&cp).as_deref() == Some("fnrun-b")).then_some(()),
         &|| second.log(),
     );
+    wait_for(
+        "the second replica's instance of the Function to delete",
+        Duration::from_secs(120),
+        || {
+            servers_by_package(second.pid()?)
+                .contains(&Some("broken".to_owned()))
+                .then_some(())
+        },
+        &|| second.log(),
+    );
     cp.kubectl(&["delete", "function", BROKEN, "--wait=false"])
         .unwrap();
     wait_for(
@@ -736,6 +773,19 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
             .contains("the Function was deleted: no longer served"),
         "{}",
         second.log()
+    );
+    // Its instance went too.
+    wait_for(
+        "the deleted Function's instance stopped",
+        Duration::from_secs(60),
+        || (!servers_by_package(second.pid()?).contains(&Some("broken".to_owned()))).then_some(()),
+        &|| {
+            format!(
+                "{:?}\n{}",
+                servers_by_package(second.pid().unwrap()),
+                second.log()
+            )
+        },
     );
     assert!(
         second.stop().is_some_and(|s| s.success()),
