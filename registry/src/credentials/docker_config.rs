@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::auth::Credentials;
+use crate::digest::truncate;
 use crate::reference::ImageRef;
 use base64::Engine;
 use serde_json::{Map, Value};
@@ -66,6 +67,8 @@ pub enum DockerConfigError {
 }
 
 /// A setting of the config file that cannot be used; names it, never its value.
+/// A key it quotes is cut to a few hundred bytes: a key with a scheme may carry
+/// a path of any length and still name the registry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingError {
     #[error("{0:?} is not an object")]
@@ -343,7 +346,7 @@ fn object<'a>(
 fn lookup_auths(json: &Value, registry: &str) -> Result<Credentials, SettingError> {
     match object(json, "auths")?.and_then(|auths| find_entry(auths, registry)) {
         Some((key, entry)) => entry_credentials(entry).map_err(|err| SettingError::Entry {
-            key: key.to_owned(),
+            key: truncate(key),
             err,
         }),
         None => Ok(Credentials::Anonymous),
@@ -354,7 +357,7 @@ fn lookup_auths(json: &Value, registry: &str) -> Result<Credentials, SettingErro
 fn lookup(json: &Value, registry: &str) -> Result<Lookup, SettingError> {
     let entry = object(json, "auths")?.and_then(|auths| find_entry(auths, registry));
     let entry_error = |key: &str, err| SettingError::Entry {
-        key: key.to_owned(),
+        key: truncate(key),
         err,
     };
     let from_auths = || match entry {
@@ -394,7 +397,7 @@ fn lookup(json: &Value, registry: &str) -> Result<Lookup, SettingError> {
     if let Some(helpers) = object(json, "credHelpers")?
         && let Some((key, name)) = find_entry(helpers, registry)
     {
-        let origin = format!("credHelpers[{key:?}]");
+        let origin = format!("credHelpers[{:?}]", truncate(key));
         return match name.as_str() {
             Some("") => from_auths(),
             Some(name) => from_helper(name, origin),
@@ -620,6 +623,33 @@ mod tests {
             credentials_from_file(&path, "r.example", Some(&no_helpers())).unwrap(),
             basic("u", "p")
         );
+    }
+
+    /// A key with a scheme names its registry whatever its path, so a key
+    /// can be as long as the file: errors quote it cut short.
+    #[test]
+    fn errors_quote_a_huge_key_cut_short() {
+        let key = format!("https://r.example/{}", "k".repeat(1 << 20));
+        let bad_entry = json!({"auths": {&key: {"auth": "not base64!"}}});
+        let bad_helper = json!({"credHelpers": {&key: 5}});
+        let errors = [
+            creds(&bad_entry, "r.example").unwrap_err(),
+            lookup_auths(&bad_entry, "r.example").unwrap_err(),
+            lookup(&bad_helper, "r.example").unwrap_err(),
+        ];
+        for err in errors {
+            let message = err.to_string();
+            assert!(message.len() < 1024, "{} bytes", message.len());
+            assert!(message.contains("https://r.example/kkk"), "{message}");
+        }
+        // Through a file, as `fnrun pull --authfile` reads it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(&path, bad_entry.to_string()).unwrap();
+        let message = credentials_from_pull_secret(DOCKER_HUB_ALIASES[0], "r.example/fn", &path)
+            .unwrap_err()
+            .to_string();
+        assert!(message.len() < 1024 + path.as_os_str().len(), "{message}");
     }
 
     fn helper(name: &str, server: &str, origin: &str) -> Result<Lookup, SettingError> {
