@@ -233,12 +233,20 @@ pub fn docker_config(data: &[u8]) {
         return;
     };
     let (image, config) = text.split_once('\n').unwrap_or((text, ""));
+    // The file is read by its name: one unnamed file per thread (unlinked
+    // from the start), named through /proc, so that a run leaves nothing
+    // behind however it ends.
     thread_local! {
-        static FILE: std::path::PathBuf = std::env::temp_dir()
-            .join(format!("fnrun-fuzz-docker-config-{}", std::process::id()));
+        static FILE: std::fs::File = tempfile::tempfile().expect("a scratch file");
     }
-    let path = FILE.with(Clone::clone);
-    std::fs::write(&path, config).expect("a scratch file");
+    let path = FILE.with(|file| {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        file.set_len(0).expect("the scratch file truncated");
+        file.write_all_at(config.as_bytes(), 0)
+            .expect("the scratch file written");
+        std::path::PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+    });
     let from_file = credentials_from_pull_secret(fnrun_registry::DOCKER_HUB, image, &path);
     let from_api = credentials_from_pull_secret_json(
         fnrun_registry::DOCKER_HUB,
