@@ -6,7 +6,8 @@
 //! The grammar follows distribution/reference: the first path component is a registry
 //! if it contains `.` or `:`, is `localhost`, or is a bracketed IPv6 address.
 //! Where it and oci-spec's parser read a reference differently, the tests of
-//! `oci_spec_disagreements` below say what fnrun decides and why.
+//! `oci_spec_disagreements` below say what fnrun decides and why; the fuzz target
+//! `reference` checks that they differ nowhere else.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -617,10 +618,10 @@ mod tests {
     }
 
     /// Where fnrun's parser and oci-spec's (`oci_client::Reference`) read a
-    /// reference differently, one test per kind of input (issue 18). Each
-    /// checks that oci-spec still reads it so, then says what fnrun decides
-    /// against the distribution spec and Docker's grammar
-    /// (distribution/reference), and why.
+    /// reference differently, one test per kind of input (issue 18; the fuzz
+    /// target `reference` finds any other). Each checks that oci-spec still
+    /// reads it so, then says what fnrun decides against the distribution
+    /// spec and Docker's grammar (distribution/reference), and why.
     mod oci_spec_disagreements {
         use super::*;
         use oci_client::Reference;
