@@ -26,6 +26,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("authority", authority),
     ("docker_config", docker_config),
     ("spawner_codec", spawner_codec),
+    ("manifest", manifest),
 ];
 
 /// The YAML bounds check agrees with the parser: what it refuses for
@@ -444,5 +445,64 @@ pub fn spawner_codec(data: &[u8]) {
     );
     if name == "reply" {
         assert!(again.len() <= MAX_REPLY, "a reply of {} bytes", again.len());
+    }
+}
+
+/// Manifests, indexes (an OCI layout's index.json too) and image configs, as
+/// a registry or a layout serves them: the first byte picks the parser and,
+/// for a config, how many layers its manifest lists. Whatever the bytes, an
+/// error quotes at most a few hundred bytes of the document; an image
+/// manifest that is accepted has a config within the size cap and only
+/// layers fnrun can unpack; a config that is accepted has one diff_id per
+/// layer; choosing this host's image from an index that is accepted either
+/// finds one or says which platforms there are, as briefly.
+pub fn manifest(data: &[u8]) {
+    use fnrun_registry::digest::Digest;
+    use fnrun_registry::manifest::{self, MAX_METADATA_BYTES, Manifest};
+    /// The longest error: a few quoted strings of at most 300 bytes each.
+    const MAX_MESSAGE: usize = 1024;
+    let Some((&which, bytes)) = data.split_first() else {
+        return;
+    };
+    let bounded = |err: &dyn std::fmt::Display| {
+        let message = err.to_string();
+        assert!(
+            message.len() <= MAX_MESSAGE,
+            "an error of {} bytes: {}...",
+            message.len(),
+            message.chars().take(200).collect::<String>()
+        );
+    };
+    let choose = |index: &manifest::Index| {
+        if let Err(err) = manifest::select_platform(index, "fuzz") {
+            bounded(&err);
+        }
+    };
+    let digest = Digest::of(bytes);
+    match which % 3 {
+        0 => match manifest::parse_manifest(bytes, &digest) {
+            Ok(Manifest::Image(image)) => {
+                assert!(image.config.size <= MAX_METADATA_BYTES, "{image:?}");
+                for layer in &image.layers {
+                    assert!(
+                        manifest::layer_compression(&layer.media_type).is_some(),
+                        "{layer:?}"
+                    );
+                }
+            }
+            Ok(Manifest::Index(index)) => choose(&index),
+            Err(err) => bounded(&err),
+        },
+        1 => match manifest::parse_index(bytes, "index.json") {
+            Ok(index) => choose(&index),
+            Err(err) => bounded(&err),
+        },
+        _ => {
+            let layers = usize::from(which / 3);
+            match manifest::parse_config(bytes, &digest, layers) {
+                Ok(config) => assert_eq!(config.diff_ids.len(), layers),
+                Err(err) => bounded(&err),
+            }
+        }
     }
 }
