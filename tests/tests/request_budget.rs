@@ -1,6 +1,7 @@
 //! What a hostile request may cost the daemon (#18): each reproducer (HTTP/2
 //! header blocks; YAML alias bombs and deep flow nesting through v1alpha1
-//! RunFunction and Porch's EvaluateFunction), sent
+//! RunFunction and Porch's EvaluateFunction; a function whose output is an
+//! alias bomb), sent
 //! to a running daemon on every listener it concerns, costs at most a small,
 //! stated amount of the daemon's CPU and memory, is answered with an HTTP/2
 //! error, and health checks on another listener stay fast meanwhile. As root
@@ -20,7 +21,8 @@ use std::time::{Duration, Instant};
 use fnrun_tests::budget::{Usage, h2};
 use fnrun_tests::client;
 use fnrun_tests::daemon::{Daemon, DaemonOpts, Socket};
-use fnrun_tests::registry::free_port;
+use fnrun_tests::image::TestImage;
+use fnrun_tests::registry::{Registry, free_port};
 use fnrun_tests::unique_name;
 use fnrun_tests::user::{TestUser, root_and_rootless};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -132,7 +134,9 @@ fn daemon(user: &Option<TestUser>) -> (Daemon, Vec<Listener>) {
                 .arg(format!("unix:{}", functions.display()));
         }
     }
-    let daemon = Daemon::start(opts).expect("fnrun serve starts");
+    let mut daemon = Daemon::start(opts).expect("fnrun serve starts");
+    // Ready once its first listener accepts; health is watched on TCP.
+    daemon.wait_tcp(&tcp).expect("the TCP listener accepts");
     let Socket::Path(path) = daemon.socket().clone() else {
         panic!("the daemon listens on a unix path");
     };
@@ -448,5 +452,54 @@ async fn hostile_yaml_costs_little_on_every_listener() {
                 );
             }
         }
+    }
+}
+
+/// How much the daemon's peak resident memory may grow while it pulls and
+/// runs a function whose output is the alias bomb: the 1 MiB output, a few
+/// copies of it, and the pull (before the fix the daemon expanded the
+/// output to 1 GiB).
+const OUTPUT_PEAK_RSS_GROWTH: u64 = 64 << 20;
+
+/// A function whose output is the alias bomb (any image may be hostile): the
+/// call fails as the function's (ABORTED, saying why), and the daemon that
+/// reads the output does not expand it. (Health checks are shown, not held
+/// to a budget: the call pulls and runs the function too, which a loaded
+/// machine slows down whatever the output.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_functions_alias_bomb_output_costs_little() {
+    use fnrun_api::v1alpha1::containerized_function_runner_service_client::ContainerizedFunctionRunnerServiceClient;
+    use fnrun_tests::functionio::MINIMAL;
+
+    let registry = Registry::start().expect("registry starts");
+    let script = format!(
+        "#!/bin/sh\ncat >/dev/null\nprintf '{}'\nprintf 'bomb:\\n  s: &s \"'\n\
+         head -c 1048576 /dev/zero | tr '\\000' a\nprintf '\"\\n  l: ['\n\
+         i=0; while [ $i -lt 1000 ]; do printf '*s,'; i=$((i+1)); done\nprintf '*s]\\n'\n",
+        MINIMAL.replace('\n', "\\n")
+    );
+    let image = TestImage::script(&script).push_to(&registry, "fns/bomb:v1");
+    for user in root_and_rootless("a_functions_alias_bomb_output_costs_little") {
+        let (daemon, listeners) = daemon(&user);
+        let request = client::Run::new(&image, MINIMAL.as_bytes()).build();
+        let mut runner =
+            ContainerizedFunctionRunnerServiceClient::new(listeners[0].channel().await);
+        let (result, spent, slowest) =
+            measured(&daemon, &listeners[2], runner.run_function(request)).await;
+        let status = result.expect_err("the function fails");
+        eprintln!(
+            "a function's alias bomb ({user:?}): {spent:?}, slowest health check {slowest:?}"
+        );
+        assert_eq!(status.code(), tonic::Code::Aborted, "{user:?}: {status:?}");
+        assert!(
+            status
+                .message()
+                .contains("YAML aliases expand the document by more than"),
+            "{user:?}: {status:?}"
+        );
+        assert!(
+            spent.peak_rss <= OUTPUT_PEAK_RSS_GROWTH,
+            "{user:?}: {spent:?}"
+        );
     }
 }
