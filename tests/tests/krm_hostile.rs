@@ -168,6 +168,11 @@ fn hostile_output_is_refused_before_it_is_printed() {
             "#!/bin/sh\ncat >/dev/null\necho 'apiVersion: config.kubernetes.io/v1'\necho 'kind: ResourceList'\nprintf 'items: [\"'\nhead -c 8000000 /dev/zero | tr '\\0' y\necho\n",
             "function output is not a ResourceList",
         ),
+        // An alias bomb: 1 MiB and 1,000 aliases to it, never expanded.
+        (
+            "#!/bin/sh\ncat >/dev/null\necho 'apiVersion: config.kubernetes.io/v1'\necho 'kind: ResourceList'\nprintf 'items: []\\nbomb:\\n  s: &s \"'\nhead -c 1048576 /dev/zero | tr '\\0' a\nprintf '\"\\n  l: ['\ni=0; while [ $i -lt 1000 ]; do printf '*s,'; i=$((i+1)); done\nprintf '*s]\\n'\n",
+            "YAML aliases expand the document by more than",
+        ),
     ]
     .into_iter()
     .enumerate()
