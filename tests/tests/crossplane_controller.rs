@@ -175,6 +175,20 @@ fn servers_by_package(pid: u32) -> Vec<Option<String>> {
         .collect()
 }
 
+/// Waits until the Service of the deleted Function `name` is gone.
+fn wait_service_gone(cp: &ControlPlane, name: &str, logs: &dyn Fn() -> String) {
+    wait_for(
+        &format!("the deleted Function {name}'s Service gone"),
+        Duration::from_secs(120),
+        || {
+            cp.get_json(&["service", name, "-n", NAMESPACE])
+                .is_err()
+                .then_some(())
+        },
+        logs,
+    );
+}
+
 fn function_yaml(name: &str, package: &str) -> String {
     format!(
         "apiVersion: pkg.crossplane.io/v1\nkind: Function\nmetadata:\n  name: {name}\nspec:\n  package: {package}\n"
@@ -552,16 +566,7 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     // deleted Function's Service goes.
     cp.kubectl(&["delete", "function", OPS, "--wait=false"])
         .unwrap();
-    wait_for(
-        "the deleted operation Function's Service gone after the API server's return",
-        Duration::from_secs(120),
-        || {
-            cp.get_json(&["service", OPS, "-n", NAMESPACE])
-                .is_err()
-                .then_some(())
-        },
-        &|| logs(&fnrun),
-    );
+    wait_service_gone(&cp, OPS, &|| logs(&fnrun));
     assert!(served(&crossplane_tls, &crossplane_tls.ca));
 
     // The CA Secret deleted: every active revision says why fnrun cannot
@@ -757,16 +762,7 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     );
     cp.kubectl(&["delete", "function", BROKEN, "--wait=false"])
         .unwrap();
-    wait_for(
-        "the deleted Function's Service gone",
-        Duration::from_secs(60),
-        || {
-            cp.get_json(&["service", BROKEN, "-n", NAMESPACE])
-                .is_err()
-                .then_some(())
-        },
-        &|| second.log(),
-    );
+    wait_service_gone(&cp, BROKEN, &|| second.log());
     assert!(
         second
             .log()
