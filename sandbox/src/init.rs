@@ -8,8 +8,11 @@
 //!
 //! Process model inside the new PID namespace:
 //! - PID 1 is [`init_main`] ("init"). It waits for the parent to write the id
-//!   maps, builds the root filesystem (the plan's [`crate::steps`]), forks
-//!   the function and reaps every process until the function exits. It then
+//!   maps, builds the root filesystem (the plan's [`crate::steps`]), reports
+//!   that it is ready, waits for the call (a second byte on the sync pipe:
+//!   a prepared sandbox waits here until a call takes it, a fresh run gets
+//!   it at once), forks the function and reaps every process until the
+//!   function exits. It then
 //!   reports the function's wait status and exits, which makes the kernel
 //!   kill whatever else is left in the PID namespace. In a service run it
 //!   also serves the parent's requests for sockets in the run's network
@@ -25,7 +28,7 @@
 //! variant of [`Stage`] and one call in this file. `docs/sandbox.md` lists
 //! the whole sequence and why each stage is there.
 
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
@@ -37,7 +40,8 @@ use crate::sys;
 /// The descriptors init starts with (its ends of the run's pipes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct InitFds {
-    /// Parent to init: one byte once the id maps are written.
+    /// Parent to init: one byte once the id maps are written, a second one
+    /// when the call comes (see [`Stage::WaitForCall`]).
     pub sync: RawFd,
     /// Init and the function to the parent: [`Report`]s.
     pub report: RawFd,
@@ -117,6 +121,8 @@ pub(crate) enum Stage {
     CgroupNamespace,
     /// Step `n` of the plan's root filesystem steps.
     Step(u32),
+    /// Waiting for the call: the root is built, the function not forked.
+    WaitForCall,
     ServeSockets,
     ForkFunction,
     // The function (PID 2), up to its exec.
@@ -165,6 +171,7 @@ impl Stage {
                 Some(step) => step.error(errno),
                 None => setup(&format!("step {i}")),
             },
+            Stage::WaitForCall => setup("wait for the call"),
             Stage::ServeSockets => setup("prepare to serve sockets"),
             Stage::ForkFunction => setup("fork the function"),
             Stage::Stdio => exec("set up stdio"),
@@ -193,6 +200,10 @@ pub(crate) enum Report {
     Failed { stage: Stage, errno: i32 },
     /// The function exited: its raw wait status, as init saw it.
     Exited { status: i32 },
+    /// The root is built and init waits for the call (see
+    /// [`Stage::WaitForCall`]). Not a result: [`Report::read_all`] leaves it
+    /// out.
+    Ready,
 }
 
 /// Every record takes this many bytes on the pipe (postcard's encoding of
@@ -209,15 +220,36 @@ impl Report {
         }
     }
 
-    /// Every record on the pipe; all writers must be gone (init reaped), so
-    /// the read cannot block.
+    /// Every record on the pipe but [`Report::Ready`]; all writers must be
+    /// gone (init reaped), so the read cannot block.
     pub fn read_all(fd: OwnedFd) -> Vec<Report> {
         use std::io::Read;
         let mut buf = Vec::new();
         let _ = std::fs::File::from(fd).read_to_end(&mut buf);
         buf.chunks_exact(REPORT_LEN)
             .filter_map(|r| postcard::from_bytes(r).ok())
+            .filter(|r| *r != Report::Ready)
             .collect()
+    }
+
+    /// The next record on the pipe, once one is there; `None` at EOF (every
+    /// writer gone) or on a record that does not decode. A writer's record
+    /// is one `write` of fewer than `PIPE_BUF` bytes, so it arrives whole.
+    pub async fn read_next(fd: &OwnedFd) -> std::io::Result<Option<Report>> {
+        let watched = fd.try_clone()?;
+        // SAFETY: the AsyncFd owns `watched` (an OwnedFd, a duplicate of
+        // `fd`) for its whole life, so the descriptor stays open and the same.
+        let afd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(watched, tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| e.into_parts().1)?;
+        let _ready = afd.readable().await?;
+        let mut record = [0u8; REPORT_LEN];
+        let n = sys::read(afd.get_ref().as_raw_fd(), &mut record)?;
+        if n < REPORT_LEN {
+            return Ok(None);
+        }
+        Ok(postcard::from_bytes(&record).ok())
     }
 }
 
@@ -286,7 +318,6 @@ pub(crate) fn init_main(init: &Init<'_>) -> ! {
         Ok(_) => sys::exit(125),
         Err(e) => fail(init, Stage::WaitForParent, e, 125),
     }
-    sys::close(init.fds.sync);
 
     // Root of the new user namespace, so files we create are owned by a
     // mapped id.
@@ -312,6 +343,16 @@ pub(crate) fn init_main(init: &Init<'_>) -> ! {
             fail(init, Stage::Step(i), e, 125);
         }
     }
+    // Ready: everything that does not depend on the call is done. A prepared
+    // sandbox waits here until a call takes it; a parent that drops it
+    // closes the pipe instead, and init exits.
+    Report::Ready.send(init.fds.report);
+    match sys::read(init.fds.sync, &mut byte) {
+        Ok(1) => {}
+        Ok(_) => sys::exit(125),
+        Err(e) => fail(init, Stage::WaitForCall, e, 125),
+    }
+    sys::close(init.fds.sync);
     // Before the fork, so that the function's exit cannot be missed; the
     // function clears the signal mask it inherits.
     let sigchld = match init.fds.sockets {

@@ -12,7 +12,11 @@
 //! Two kinds of run start from one [`RunSpec`]:
 //! - [`Sandbox::run`], a per-call run: the input on stdin, stdout read (up to
 //!   a limit) while stderr's tail is kept, a timeout that kills every process
-//!   of the run;
+//!   of the run. It can also be made in two halves: [`Sandbox::prepare`] makes
+//!   the sandbox ahead of the call (namespaces, id maps, cgroup, the root; init
+//!   then waits), and [`Sandbox::run_prepared`] is the call on it (the function
+//!   forked, stripped of its privileges and exec'd only then); each
+//!   [`PreparedRun`] serves one call;
 //! - [`Sandbox::start_service`], a long-lived [`Service`], reached by TCP
 //!   connections opened inside its network namespace and stopped on demand.
 //!
@@ -61,7 +65,7 @@ pub use crate::limits::{Enforcement, LimitSupport};
 pub use crate::mounts::{BindMount, MAX_MOUNTS, MountError, QuotedPath, RESERVED_TARGETS};
 pub use crate::overlay::OverlayMount;
 pub use crate::process::Status;
-pub use crate::run::Outcome;
+pub use crate::run::{Outcome, PreparedRun};
 pub use crate::sandbox::Sandbox;
 pub use crate::service::{ExitWatch, Service, ServiceExit};
 pub use crate::spec::{DEFAULT_PATH, HostUser, Limits, Network, RunSpec};

@@ -2,7 +2,8 @@
 //!
 //! [`Sandbox::start`] makes the pipes, plans the run, prepares its cgroup,
 //! launches init, places it in the cgroup, writes its id maps and releases
-//! it. [`InitGuard`] then owns init: it waits for it, kills it (and everything
+//! it: init builds the root and then waits for the call, which
+//! [`Started::go`] hands it. [`InitGuard`] then owns init: it waits for it, kills it (and everything
 //! in its PID namespace and cgroup), reaps it and removes its cgroup, on
 //! every path, drops included. [`ended`] reads how the run ended from init's
 //! [`Report`]s, its wait status and the cgroup's usage.
@@ -50,7 +51,8 @@ pub(crate) struct ParentEnds {
     pub report: OwnedFd,
 }
 
-/// A run whose init is released.
+/// A run whose init is released: it builds the root, then waits for
+/// [`Started::go`].
 pub(crate) struct Started {
     pub guard: InitGuard,
     pub ends: ParentEnds,
@@ -58,6 +60,16 @@ pub(crate) struct Started {
     pub plan: Plan,
     /// Just before the clone.
     pub at: Instant,
+    /// The parent's end of the sync pipe, for the call's byte.
+    go: OwnedFd,
+}
+
+impl Started {
+    /// Lets init fork the function. A dead init is no error here: how it
+    /// ended is read once it is reaped (its report, or [`Error::InitDied`]).
+    pub fn go(&mut self) {
+        let _ = sys::write_all(self.go.as_raw_fd(), &[1]);
+    }
 }
 
 /// How a run's stdout and stderr reach the parent.
@@ -159,7 +171,6 @@ impl Sandbox {
                 format!("/proc/{}", launched.pid),
             ))?;
         sys::write_all(sync_write.as_raw_fd(), &[1]).map_err(Error::errno("release init"))?;
-        drop(sync_write);
         Ok(Started {
             guard,
             ends: ParentEnds {
@@ -171,6 +182,7 @@ impl Sandbox {
             },
             plan,
             at,
+            go: sync_write,
         })
     }
 }
@@ -202,6 +214,17 @@ impl InitGuard {
             let _ready = afd.readable().await?;
             Ok(())
         }
+    }
+
+    /// Whether init has exited already (its pidfd is readable), without
+    /// waiting.
+    pub fn has_exited(&self) -> bool {
+        let Some(fd) = &self.pidfd else {
+            return true;
+        };
+        // A pidfd that cannot be polled counts as exited: such a run is not
+        // to be used.
+        sys::readable_now(fd.as_raw_fd()).unwrap_or(true)
     }
 
     /// SIGKILL to init, which takes every process of its PID namespace along,
@@ -276,7 +299,8 @@ pub(crate) fn ended(
         } else {
             Status::Exited(libc::WEXITSTATUS(*status))
         }),
-        None => Err(Error::InitDied {
+        // `read_all` leaves `Ready` out: only a result counts.
+        None | Some(Report::Ready) => Err(Error::InitDied {
             status: format!("{init_status:?}"),
         }),
     };

@@ -1,7 +1,18 @@
 //! A per-call run: input on stdin, output read from stdout (up to a limit),
 //! the tail of stderr kept, a timeout, and how it ended.
+//!
+//! It is two halves. [`Sandbox::prepare`] does everything that does not
+//! depend on the call: the pipes, the plan, the cgroup, the clone, the id
+//! maps, and in init the whole root (mounts, `/proc`, `pivot_root`), after
+//! which init reports that it is ready and waits. [`Sandbox::run_prepared`]
+//! is the call: it hands init the go, writes the input, reads the output
+//! under the timeout, and ends the run. Init forks the function only then,
+//! and the function drops every privilege and installs the seccomp filter
+//! before its exec exactly as in any run. [`Sandbox::run`] is the two in a
+//! row. A [`PreparedRun`] serves one call; dropping it unused kills its init
+//! and removes its cgroup, as for any abandoned run.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::Error;
 use crate::init::Report;
@@ -17,7 +28,8 @@ pub struct Outcome {
     pub stdout: Vec<u8>,
     /// The last `stderr_tail_bytes` written to stderr.
     pub stderr_tail: Vec<u8>,
-    /// From clone to the end of the run.
+    /// From the call's start to the end of the run: from the clone for
+    /// [`Sandbox::run`], from the hand-over for [`Sandbox::run_prepared`].
     pub elapsed: Duration,
     /// Highest memory use of the run, when its cgroup reports it.
     pub peak_memory_bytes: Option<u64>,
@@ -25,9 +37,90 @@ pub struct Outcome {
     pub cpu_time: Option<Duration>,
 }
 
+/// A sandbox made ahead of its call by [`Sandbox::prepare`]: init in its
+/// namespaces, cgroup and id maps, building (or done building) the root,
+/// waiting for [`Sandbox::run_prepared`]. Serves one call. Dropped unused,
+/// it kills its init (and with it the whole sandbox) and removes its cgroup.
+pub struct PreparedRun {
+    started: process::Started,
+    /// Init reported that its root is built.
+    ready: bool,
+}
+
+impl std::fmt::Debug for PreparedRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedRun")
+            .field("init", &self.started.guard.pid())
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PreparedRun {
+    /// The pid of its init, in this process's PID namespace.
+    pub fn pid(&self) -> libc::pid_t {
+        self.started.guard.pid()
+    }
+
+    /// Waits until init has built the root and waits for the call. An error
+    /// when it could not (which step failed, with its errno) or died: such a
+    /// run is of no use, drop it.
+    pub async fn ready(&mut self) -> Result<(), Error> {
+        if self.ready {
+            return Ok(());
+        }
+        // Only the descriptor is borrowed across the wait: the rest of the
+        // run is `Send` but not `Sync`.
+        let report = &self.started.ends.report;
+        let next = Report::read_next(report).await;
+        let plan = &self.started.plan;
+        match next {
+            Ok(Some(Report::Ready)) => {
+                self.ready = true;
+                Ok(())
+            }
+            Ok(Some(Report::Failed { stage, errno })) => {
+                Err(stage.error(plan, nix::errno::Errno::from_raw(errno)))
+            }
+            Ok(_) => Err(Error::InitDied {
+                status: "before it was ready".to_owned(),
+            }),
+            Err(e) => Err(Error::io("wait for the sandbox to be ready")(e)),
+        }
+    }
+
+    /// Whether it can still take a call: init has not exited (it may have
+    /// been killed meanwhile, by the OOM killer or by hand).
+    pub fn is_usable(&self) -> bool {
+        !self.started.guard.has_exited()
+    }
+
+    /// Ends it unused: kills init, reaps it and removes its cgroup, without
+    /// blocking the thread (dropping it does the same, waiting for the reap).
+    pub async fn discard(self) {
+        let mut started = self.started;
+        started.guard.kill();
+        if let Err(e) = started.guard.reap().await {
+            tracing::warn!(error = %e, "cannot reap a prepared sandbox");
+        }
+        started.guard.remove_cgroup();
+    }
+}
+
 impl Sandbox {
+    /// Makes a sandbox for a run of `spec` ahead of its call (see
+    /// [`PreparedRun`]). Returns once init is released; [`PreparedRun::ready`]
+    /// waits for its root.
+    pub fn prepare(&self, spec: &RunSpec) -> Result<PreparedRun, Error> {
+        Ok(PreparedRun {
+            started: self.start(spec, Kind::Call)?,
+            ready: false,
+        })
+    }
+
     /// Runs `spec` with `input` on stdin, killing it (every process of it)
-    /// after `timeout`.
+    /// after `timeout`: [`Sandbox::prepare`] and [`Sandbox::run_prepared`] in
+    /// a row, the timeout counted from the clone.
     ///
     /// Returns the outcome of a run that started, whatever the function did;
     /// an error only when the sandbox could not be built or the function could
@@ -38,12 +131,41 @@ impl Sandbox {
         input: &[u8],
         timeout: Duration,
     ) -> Result<Outcome, Error> {
+        let prepared = self.prepare(spec)?;
+        let since = prepared.started.at;
+        self.call(prepared, input, timeout, since).await
+    }
+
+    /// The call on a prepared sandbox: `input` on stdin, every process of
+    /// the run killed after `timeout`, counted from now. As [`Sandbox::run`]
+    /// otherwise: the function drops its privileges and installs the
+    /// seccomp filter before its exec, and the run ends with every process
+    /// killed and the cgroup removed. `prepared` must come from this
+    /// sandbox. Dropping the future kills the run.
+    pub async fn run_prepared(
+        &self,
+        prepared: PreparedRun,
+        input: &[u8],
+        timeout: Duration,
+    ) -> Result<Outcome, Error> {
+        self.call(prepared, input, timeout, Instant::now()).await
+    }
+
+    async fn call(
+        &self,
+        prepared: PreparedRun,
+        input: &[u8],
+        timeout: Duration,
+        since: Instant,
+    ) -> Result<Outcome, Error> {
+        let mut started = prepared.started;
+        started.go();
         let process::Started {
             mut guard,
             ends,
             plan,
-            at,
-        } = self.start(spec, Kind::Call)?;
+            ..
+        } = started;
         let stderr = ends.stderr.expect("a per-call run has its own stderr pipe");
         let stdio = stdio::Stdio::new(ends.stdin, ends.stdout, stderr)
             .map_err(Error::io("set up the run's stdio"))?;
@@ -77,7 +199,7 @@ impl Sandbox {
             status,
             stdout: io.stdout,
             stderr_tail: io.stderr_tail,
-            elapsed: at.elapsed(),
+            elapsed: since.elapsed(),
             peak_memory_bytes: usage.peak_memory_bytes,
             cpu_time: usage.cpu_time,
         })

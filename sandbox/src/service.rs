@@ -64,12 +64,16 @@ impl Sandbox {
     /// Starts `spec` as a service run. Call from a tokio runtime: the run's
     /// output and its end are followed by tasks of it.
     pub fn start_service(&self, spec: &RunSpec) -> Result<Service, Error> {
+        let mut started = self.start(spec, Kind::Service)?;
+        // A service run is not prepared ahead: its init goes on at once.
+        started.go();
         let process::Started {
             mut guard,
             ends,
             plan,
             at,
-        } = self.start(spec, Kind::Service)?;
+            ..
+        } = started;
         // Stdin at EOF, as for a container started without `-i`.
         drop(ends.stdin);
         let (tail, tail_task) = Tail::follow(ends.stdout, self.config.stderr_tail_bytes)

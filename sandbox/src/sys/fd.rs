@@ -60,3 +60,20 @@ pub fn cloexec_from(first: u32) -> SysResult<()> {
     })
     .map(drop)
 }
+
+/// Whether `fd` is readable now (or at EOF, or in error), without waiting.
+pub fn readable_now(fd: RawFd) -> SysResult<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: pfd is one valid pollfd; a zero timeout does not block.
+        match check_int(unsafe { libc::poll(&mut pfd, 1, 0) }) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(pfd.revents != 0),
+        }
+    }
+}

@@ -1431,4 +1431,5 @@ async fn an_image_of_127_layers_runs() {
 }
 
 mod mounts;
+mod prepared;
 mod service;
