@@ -87,6 +87,12 @@ pub struct ServeArgs {
     /// used images are evicted; images in use never are.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub cache_max_size: Option<u64>,
+    /// Sandboxes made ahead of calls, at most N at a time over every kind
+    /// of run: a call that finds one of its kind ready skips building its
+    /// sandbox (namespaces, cgroup, root). Each serves one call; a kind
+    /// not called for 10s keeps none. 0: every call makes its own.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub sandbox_pool: usize,
     /// Pull these images into the cache at start, unless cached (for Porch's
     /// functions, say). A failed prefetch is a warning; the daemon serves
     /// meanwhile.
@@ -142,11 +148,13 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     };
     let runner = crate::config::build_runner(&args.cache, &args.sandbox, admission)?
         .with_allowed_registries(args.allowed_registries.clone())
-        .with_cache_max_size(args.cache_max_size);
+        .with_cache_max_size(args.cache_max_size)
+        .with_sandbox_pool(args.sandbox_pool);
     tracing::info!(
         cache = %runner.cache().root().display(),
         max_concurrency = admission.max_concurrency,
         max_queue = admission.max_queue,
+        sandbox_pool = args.sandbox_pool,
         "fnrun {} starting",
         crate::support::VERSION
     );

@@ -6,7 +6,8 @@
 //!   whom the function runs as ([`user`] reads the image's passwd files);
 //! - [`error`]: every way a run fails, its [`Class`], and the one table from
 //!   a class to a gRPC code and a CLI exit code;
-//! - [`metrics`]: the runner's counters and histograms.
+//! - [`metrics`]: the runner's counters and histograms;
+//! - [`pool`]: sandboxes made ahead of their calls, per kind of run.
 //!
 //! Nothing here knows about the command line or any gRPC service; the front
 //! ends (the v1alpha1 runner, Porch's evaluator, the function host) call in.
@@ -14,6 +15,7 @@
 pub mod error;
 pub mod image_spec;
 pub mod metrics;
+pub mod pool;
 pub mod runner;
 pub mod user;
 

@@ -78,6 +78,12 @@ pub struct Metrics {
     pub cache_misses: AtomicU64,
     pub in_flight: AtomicI64,
     pub queued: AtomicI64,
+    /// Sandboxes made ahead of their calls, ready or in the making.
+    pub pool_sandboxes: AtomicI64,
+    /// Calls that ran on a sandbox of the pool.
+    pub pool_hits: AtomicU64,
+    /// Calls of a kind the pool serves that found none ready.
+    pub pool_misses: AtomicU64,
 }
 
 impl Metrics {
@@ -167,6 +173,24 @@ impl Metrics {
             "Calls waiting for a run slot.",
             self.queued.load(Relaxed),
         );
+        gauge(
+            &mut out,
+            "fnrun_sandbox_pool_sandboxes",
+            "Sandboxes made ahead of their calls (--sandbox-pool), ready or in the making.",
+            self.pool_sandboxes.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "fnrun_sandbox_pool_hits_total",
+            "Calls that ran in a sandbox made ahead of them.",
+            self.pool_hits.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "fnrun_sandbox_pool_misses_total",
+            "Calls that found no sandbox of their kind ready and made their own.",
+            self.pool_misses.load(Relaxed),
+        );
         out
     }
 }
@@ -220,6 +244,9 @@ mod tests {
         m.cache_misses.fetch_add(1, Relaxed);
         m.in_flight.fetch_add(1, Relaxed);
         m.queued.fetch_add(2, Relaxed);
+        m.pool_sandboxes.fetch_add(3, Relaxed);
+        m.pool_hits.fetch_add(1, Relaxed);
+        m.pool_misses.fetch_add(1, Relaxed);
         let after = m.render(1234);
         for series in [
             "fnrun_runs_total{outcome=\"ok\"}",
@@ -234,6 +261,9 @@ mod tests {
             "fnrun_cache_bytes",
             "fnrun_runs_in_flight",
             "fnrun_queue_depth",
+            "fnrun_sandbox_pool_sandboxes",
+            "fnrun_sandbox_pool_hits_total",
+            "fnrun_sandbox_pool_misses_total",
         ] {
             let prefix = format!("{series} ");
             assert!(

@@ -26,6 +26,7 @@ use crate::error::{
 pub use crate::image_spec::RunAs;
 use crate::image_spec::{self, SpecOptions};
 use crate::metrics::Metrics;
+use crate::pool::Pool;
 
 /// Default function timeout (SPEC.md).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);
@@ -149,8 +150,11 @@ impl Admission {
 
 /// The core runner: an image cache and a sandbox, shared by every call.
 pub struct Runner {
+    /// Sandboxes made ahead of calls (`--sandbox-pool`); `None`: every call
+    /// makes its own. Before `sandbox`, so that its sandboxes end first.
+    pool: Option<Pool>,
     cache: Arc<Cache>,
-    sandbox: Sandbox,
+    sandbox: Arc<Sandbox>,
     admission: Admission,
     slots: Semaphore,
     allowed_registries: Vec<String>,
@@ -180,8 +184,9 @@ impl Drop for Gauge<'_> {
 impl Runner {
     pub fn new(cache: Cache, sandbox: Sandbox, admission: Admission) -> Self {
         Runner {
+            pool: None,
             cache: Arc::new(cache),
-            sandbox,
+            sandbox: Arc::new(sandbox),
             slots: Semaphore::new(admission.max_concurrency.max(1)),
             admission,
             allowed_registries: Vec::new(),
@@ -189,6 +194,15 @@ impl Runner {
             cache_max_size: None,
             last_prune: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Makes sandboxes ahead of calls, at most `max_sandboxes` at a time
+    /// over every kind of run (see [`crate::pool`]); 0: none, every call
+    /// makes its own (the default).
+    pub fn with_sandbox_pool(mut self, max_sandboxes: usize) -> Self {
+        self.pool = (max_sandboxes > 0)
+            .then(|| Pool::new(self.sandbox.clone(), max_sandboxes, self.metrics.clone()));
+        self
     }
 
     /// Prunes the cache to `max_bytes` after runs (least recently used images first;
@@ -422,7 +436,7 @@ impl Runner {
         }
         let _running = Gauge::enter(&self.metrics.in_flight);
 
-        let (image, _lease) = self
+        let (image, lease) = self
             .image(
                 &reference,
                 req.pull_policy,
@@ -443,7 +457,17 @@ impl Runner {
             mounts: &req.mounts,
         };
         let spec = image_spec::run_spec(&image, &self.sandbox.config().id_map, &options)?;
-        let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await?;
+        let outcome = match &self.pool {
+            Some(pool) => {
+                pool.run(&spec, lease.map(Arc::new), &req.input, req.timeout)
+                    .await?
+            }
+            None => {
+                let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await;
+                drop(lease);
+                outcome?
+            }
+        };
         let stderr = String::from_utf8_lossy(&outcome.stderr_tail).into_owned();
         match outcome.status {
             Status::Exited(0) => {}

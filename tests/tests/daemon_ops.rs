@@ -350,7 +350,99 @@ async fn inits_come_from_an_execed_spawner_which_is_replaced_when_killed() {
     client::run_function(&mut client, Run::new(&echo, SAMPLE).build())
         .await
         .expect("runs after the spawner died");
-    let spawners = spawners_of(pid);
+    // That run may have taken a sandbox the pool made before the kill; the
+    // next sandbox made, the pool's refill or that run's own, starts the
+    // new spawner.
+    let start = Instant::now();
+    let spawners = loop {
+        let spawners = spawners_of(pid);
+        if !spawners.is_empty() || start.elapsed() > Duration::from_secs(10) {
+            break spawners;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(spawners.len(), 1, "{spawners:?}");
     assert_ne!(spawners[0], first);
+}
+
+/// The daemon's children but its spawner: the inits of its sandboxes (a
+/// pooled sandbox's init waits for its call as the daemon's child).
+fn sandbox_inits_of(daemon_pid: u32) -> Vec<u32> {
+    let mut inits = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{daemon_pid}/task"))
+        .expect("the daemon's tasks")
+        .flatten()
+    {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        inits.extend(
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+                .filter(|&c| !fnrun_tests::process::is_spawner(c, daemon_pid)),
+        );
+    }
+    inits
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_pool_serves_calls_in_fresh_sandboxes_and_empties_when_idle() {
+    let registry = Registry::start().expect("registry starts");
+    // Fails if anything an earlier call wrote is there.
+    let script = "if [ -e /tmp/seen ] || [ -e /seen ]; then \
+                  echo an earlier call wrote here >&2; exit 3; fi; \
+                  echo x > /tmp/seen; echo x > /seen; exec cat";
+    let image = TestImage::script(script).push_to(&registry, "fns/pooled:v1");
+    let addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    let daemon = Daemon::start(DaemonOpts::default().arg("--metrics-listen").arg(&addr))
+        .expect("fnrun serve starts");
+    let pid = daemon.pid().expect("the daemon's pid");
+    let scrape = || http_get(&addr, "/metrics").expect("GET /metrics").1;
+    // Idle, never called: nothing made ahead.
+    let idle = scrape();
+    assert_eq!(sample(&idle, "fnrun_sandbox_pool_sandboxes"), 0.0);
+    assert_eq!(sandbox_inits_of(pid), Vec::<u32>::new());
+
+    let mut client = daemon.client().await.expect("connects");
+    for _ in 0..6 {
+        let out = client::run_function(&mut client, Run::new(&image, SAMPLE).build())
+            .await
+            .expect("each call runs in a sandbox of its own");
+        assert_eq!(String::from_utf8_lossy(&out.output), SAMPLE);
+        // Time for the pool to make the next one.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let busy = scrape();
+    let pooled = sample(&busy, "fnrun_sandbox_pool_sandboxes");
+    assert!(pooled >= 1.0, "{busy}");
+    assert!(
+        sample(&busy, "fnrun_sandbox_pool_hits_total") >= 4.0,
+        "{busy}"
+    );
+    assert!(
+        sample(&busy, "fnrun_sandbox_pool_misses_total") >= 1.0,
+        "{busy}"
+    );
+    // Each pooled sandbox is one init, waiting; nothing else runs.
+    assert_eq!(sandbox_inits_of(pid).len() as f64, pooled, "{busy}");
+
+    // Not called for 10 s: the pool ends its sandboxes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = scrape();
+        if sample(&body, "fnrun_sandbox_pool_sandboxes") == 0.0 && sandbox_inits_of(pid).is_empty()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool kept its sandboxes: {:?}\n{body}",
+            sandbox_inits_of(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // A call after that makes its own and runs as before.
+    let out = client::run_function(&mut client, Run::new(&image, SAMPLE).build())
+        .await
+        .expect("runs after the pool emptied");
+    assert_eq!(String::from_utf8_lossy(&out.output), SAMPLE);
 }

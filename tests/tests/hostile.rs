@@ -5,7 +5,8 @@
 //! Every case asserts its own outcome, then that the daemon still serves (an
 //! echo run succeeds) and that nothing of the run was left behind: no process
 //! (a marker unique to this test process is in every hostile command line), no
-//! child of the daemon, no new mount in the host's or the daemon's mount table,
+//! child of the daemon (but its spawner, and the inits of sandboxes made
+//! ahead of their calls, which wait with no child), no new mount in the host's or the daemon's mount table,
 //! no process in a cgroup under `/sys/fs/cgroup/*/fnrun` and no new directory
 //! there but the daemon's own run cgroups (kept for reuse on v1, all removed
 //! when the daemon stops, which is checked once a mode is done), and no growth
@@ -365,8 +366,20 @@ fn marked_processes() -> Vec<(u32, String)> {
         .collect()
 }
 
+/// Whether `pid` is the init of a sandbox the daemon made ahead of its call
+/// (`--sandbox-pool`, on by default): it has no child (the function does not
+/// exist yet) and sleeps reading a pipe (the sync pipe, waiting for the
+/// call). Only inits are the daemon's children, and an init that ran a call
+/// has forked its function, so this is no leftover of a run.
+fn waiting_for_a_call(pid: u32) -> bool {
+    let read = |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}"));
+    read(&format!("task/{pid}/children")).is_ok_and(|c| c.trim().is_empty())
+        && read("wchan").is_ok_and(|w| w.ends_with("pipe_read"))
+}
+
 /// Processes that are clones of the daemon (sandbox inits have its command
-/// line) and children of the daemon, but for one spawner (which stays).
+/// line) and children of the daemon, but for one spawner (which stays) and
+/// the inits of sandboxes made ahead of their calls.
 fn daemon_offspring(daemon_pid: u32, daemon_cmdline: &[String]) -> Vec<(u32, String)> {
     let mut found = BTreeMap::new();
     let mut spawner_seen = false;
@@ -387,6 +400,10 @@ fn daemon_offspring(daemon_pid: u32, daemon_cmdline: &[String]) -> Vec<(u32, Str
             let children =
                 std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if waiting_for_a_call(child) {
+                    found.remove(&child);
+                    continue;
+                }
                 if found.contains_key(&child) || !is_spawner(child, daemon_pid) {
                     let stat =
                         std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
@@ -452,9 +469,14 @@ fn own_cgroup(path: &Path, daemon_pid: u32) -> bool {
     cgroup_daemon(path) == Some(daemon_pid)
 }
 
-/// Whether the cgroup `dir` holds a process.
+/// Whether the cgroup `dir` holds a process, other than the init of a
+/// sandbox made ahead of its call.
 fn holds_process(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())
+    std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| {
+        p.split_whitespace()
+            .filter_map(|pid| pid.parse().ok())
+            .any(|pid| !waiting_for_a_call(pid))
+    })
 }
 
 /// `path -> (kind, size)` of everything below `dir`.
@@ -806,12 +828,16 @@ impl Harness {
             ));
         }
 
-        // No growth of the cache.
+        // No growth of the cache. Lease files are the daemon's note of the
+        // images in use, not anything a run wrote: a sandbox made ahead of
+        // its call holds its image's lease until it is used or ended.
         let cache_dir = self.daemon.cache_dir().to_path_buf();
+        let leases = cache_dir.join("leases");
         let before = &self.baseline.cache;
         let grown = poll(Duration::from_secs(3), || {
             tree_listing(&cache_dir)
                 .into_iter()
+                .filter(|(path, _)| path.parent() != Some(leases.as_path()))
                 .filter(|(path, (kind, size))| match before.get(path) {
                     None => true,
                     Some((k, s)) => k != kind || size > s,

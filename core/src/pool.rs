@@ -1,0 +1,510 @@
+//! Sandboxes made ahead of their calls (`serve --sandbox-pool`).
+//!
+//! A per-call run spends most of its time making its sandbox: namespaces,
+//! id maps, the cgroup, the overlay root, `/proc`, `pivot_root`
+//! (`docs/benchmarks.md`). None of it depends on the call's input, so the
+//! pool makes it before the call: [`fnrun_sandbox::Sandbox::prepare`], up to
+//! the point where init waits for the call. A call then only hands over its
+//! input, and the function is forked, stripped of its privileges and exec'd
+//! as in any run.
+//!
+//! - **One kind of run, one pool.** Two calls can share a pool when their
+//!   [`RunSpec`]s are equal (the image's layers, argv, environment, working
+//!   directory, user and groups, network and limits): the sandbox a spec
+//!   prepares is then the one the other would have made. Runs with bind
+//!   mounts or a mapped caller (the CLI's KRM options) are never pooled.
+//! - **Each sandbox serves one call**, then ends as any run ends (every
+//!   process killed, its cgroup removed). Nothing of a call reaches another.
+//! - **Refilled after a take**, in the background: a call never waits for the
+//!   pool. One that finds it empty makes its own sandbox, as without a pool.
+//! - **Sized by the calls.** A kind's target is the most calls of it in
+//!   flight at once lately plus the calls expected while a sandbox is being
+//!   made (its rate times the time a sandbox takes to make), within
+//!   [`PER_KIND`] and the operator's total bound. A kind not called for
+//!   [`IDLE`] has no target: its sandboxes are ended. An idle daemon holds
+//!   none.
+//! - **Leases.** Each pooled sandbox holds the image's cache lease (shared
+//!   with the call that asked for it), so no prune removes layers that its
+//!   overlay root stands on.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use fnrun_cache::Lease;
+use fnrun_sandbox::{Error, Network, Outcome, PreparedRun, RunSpec, Sandbox};
+
+use crate::metrics::Metrics;
+
+/// The most sandboxes one kind of run keeps made ahead.
+pub const PER_KIND: usize = 8;
+/// A kind not called for this long has its sandboxes ended.
+pub const IDLE: Duration = Duration::from_secs(10);
+/// Calls are counted over windows this long, for a kind's rate and its
+/// calls in flight at once.
+const WINDOW: Duration = Duration::from_secs(2);
+/// After a sandbox of a kind could not be made, none is made for it this
+/// long (its calls make their own, which say why).
+const BACKOFF: Duration = Duration::from_secs(1);
+/// How often the pool looks for idle kinds while it holds sandboxes.
+const SWEEP: Duration = Duration::from_secs(1);
+
+/// What makes two runs interchangeable: everything of their [`RunSpec`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    layers: Vec<PathBuf>,
+    argv: Vec<String>,
+    env: Vec<String>,
+    workdir: String,
+    ids: (u32, u32, Vec<u32>),
+    isolated: bool,
+    limits: (Option<u64>, Option<u64>, Option<u64>),
+}
+
+impl Key {
+    /// The kind of `spec`; `None` for a run that is never pooled.
+    fn of(spec: &RunSpec) -> Option<Key> {
+        if !spec.mounts.is_empty() || spec.caller.is_some() {
+            return None;
+        }
+        Some(Key {
+            layers: spec.layers.clone(),
+            argv: spec.argv.clone(),
+            env: spec.env.clone(),
+            workdir: spec.workdir.clone(),
+            ids: (spec.uid, spec.gid, spec.groups.clone()),
+            isolated: spec.network == Network::Isolated,
+            limits: (
+                spec.limits.memory_bytes,
+                spec.limits.cpu_millis,
+                spec.limits.pids,
+            ),
+        })
+    }
+}
+
+/// A sandbox made ahead, with the lease on the image it stands on.
+struct Entry {
+    run: PreparedRun,
+    _lease: Option<Arc<Lease>>,
+}
+
+/// One kind's sandboxes and calls.
+struct Kind {
+    ready: Vec<Entry>,
+    /// Sandboxes being made for it.
+    making: usize,
+    /// Its calls running now.
+    in_flight: usize,
+    /// The most of its calls in flight at once in this window and the one
+    /// before, and its calls in each.
+    peak: usize,
+    previous_peak: usize,
+    calls: usize,
+    previous_calls: usize,
+    window_start: Instant,
+    last_call: Instant,
+    /// No sandbox is made for it before this (one could not be made).
+    backoff_until: Option<Instant>,
+}
+
+impl Kind {
+    fn new(now: Instant) -> Kind {
+        Kind {
+            ready: Vec::new(),
+            making: 0,
+            in_flight: 0,
+            peak: 0,
+            previous_peak: 0,
+            calls: 0,
+            previous_calls: 0,
+            window_start: now,
+            last_call: now,
+            backoff_until: None,
+        }
+    }
+
+    fn roll(&mut self, now: Instant) {
+        let since = now.saturating_duration_since(self.window_start);
+        if since < WINDOW {
+            return;
+        }
+        // A window with no calls at all forgets the one before too.
+        let (peak, calls) = if since < 2 * WINDOW {
+            (self.peak, self.calls)
+        } else {
+            (0, 0)
+        };
+        self.previous_peak = peak;
+        self.previous_calls = calls;
+        self.peak = self.in_flight;
+        self.calls = 0;
+        self.window_start = now;
+    }
+
+    /// How many sandboxes it should have ready or in the making.
+    fn target(&self, now: Instant, make_time: Duration, per_kind: usize) -> usize {
+        if now.saturating_duration_since(self.last_call) >= IDLE {
+            return 0;
+        }
+        if self.backoff_until.is_some_and(|t| now < t) {
+            return 0;
+        }
+        let peak = self.peak.max(self.previous_peak).max(1);
+        // Its calls over this window and the one before, scaled to the time
+        // a sandbox takes to make: the calls to expect meanwhile.
+        let span = now.saturating_duration_since(self.window_start) + WINDOW;
+        let calls = (self.calls + self.previous_calls) as u128;
+        let while_making = (calls * make_time.as_nanos()).div_ceil(span.as_nanos().max(1));
+        let while_making = usize::try_from(while_making).unwrap_or(usize::MAX);
+        peak.saturating_add(while_making).min(per_kind)
+    }
+
+    fn held(&self) -> usize {
+        self.ready.len() + self.making
+    }
+}
+
+#[derive(Default)]
+struct State {
+    kinds: HashMap<Key, Kind>,
+    /// Sandboxes ready or in the making, over every kind.
+    total: usize,
+    /// A sweeper task runs.
+    sweeping: bool,
+    /// How long a sandbox takes to make (moving average), for the targets.
+    make_time: Option<Duration>,
+}
+
+struct Inner {
+    sandbox: Arc<Sandbox>,
+    max_total: usize,
+    per_kind: usize,
+    state: Mutex<State>,
+    metrics: Arc<Metrics>,
+}
+
+/// The pool of every kind of run of one runner.
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("max_total", &self.inner.max_total)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A call counted in its kind until dropped.
+struct InFlight {
+    inner: Arc<Inner>,
+    key: Key,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut state = self.inner.lock();
+        if let Some(kind) = state.kinds.get_mut(&self.key) {
+            kind.in_flight = kind.in_flight.saturating_sub(1);
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_gauge(&self, state: &State) {
+        self.metrics
+            .pool_sandboxes
+            .store(i64::try_from(state.total).unwrap_or(i64::MAX), Relaxed);
+    }
+}
+
+impl Pool {
+    /// A pool of at most `max_total` sandboxes over every kind (at least 1),
+    /// made by `sandbox`.
+    pub fn new(sandbox: Arc<Sandbox>, max_total: usize, metrics: Arc<Metrics>) -> Pool {
+        let max_total = max_total.max(1);
+        Pool {
+            inner: Arc::new(Inner {
+                sandbox,
+                max_total,
+                per_kind: PER_KIND.min(max_total),
+                state: Mutex::new(State::default()),
+                metrics,
+            }),
+        }
+    }
+
+    /// Runs `spec` as [`Sandbox::run`] does, on a sandbox of the pool when
+    /// one of its kind is ready, else on one made now; then has the pool
+    /// refilled. `lease` is the image's, which pooled sandboxes keep.
+    pub async fn run(
+        &self,
+        spec: &RunSpec,
+        lease: Option<Arc<Lease>>,
+        input: &[u8],
+        timeout: Duration,
+    ) -> Result<Outcome, Error> {
+        let sandbox = &self.inner.sandbox;
+        let Some(key) = Key::of(spec) else {
+            return sandbox.run(spec, input, timeout).await;
+        };
+        let (taken, _in_flight) = self.take(&key);
+        // The refill starts once this call has its sandbox, so that a call
+        // that makes its own does not queue behind the pool's at the
+        // spawner. The call's own lease lives until its run is over.
+        let (run, _its_lease) = match taken {
+            Some(Entry { run, _lease }) => {
+                self.inner.metrics.pool_hits.fetch_add(1, Relaxed);
+                (run, _lease)
+            }
+            None => {
+                self.inner.metrics.pool_misses.fetch_add(1, Relaxed);
+                (sandbox.prepare(spec)?, None)
+            }
+        };
+        self.refill(&key, spec, lease.clone());
+        sandbox.run_prepared(run, input, timeout).await
+    }
+
+    /// Counts a call of `key` and takes a ready sandbox of it, if there is
+    /// one that can still be used.
+    fn take(&self, key: &Key) -> (Option<Entry>, InFlight) {
+        let now = Instant::now();
+        let mut unusable = Vec::new();
+        let taken = {
+            let mut state = self.inner.lock();
+            if !state.sweeping {
+                state.sweeping = true;
+                tokio::spawn(sweep(Arc::downgrade(&self.inner)));
+            }
+            let kind = state
+                .kinds
+                .entry(key.clone())
+                .or_insert_with(|| Kind::new(now));
+            kind.roll(now);
+            kind.in_flight += 1;
+            kind.peak = kind.peak.max(kind.in_flight);
+            kind.calls += 1;
+            kind.last_call = now;
+            let mut taken = None;
+            while let Some(entry) = kind.ready.pop() {
+                if entry.run.is_usable() {
+                    taken = Some(entry);
+                    break;
+                }
+                unusable.push(entry);
+            }
+            let gone = unusable.len() + usize::from(taken.is_some());
+            state.total -= gone;
+            self.inner.set_gauge(&state);
+            taken
+        };
+        for entry in unusable {
+            tracing::debug!(
+                init = entry.run.pid(),
+                "a pooled sandbox died before its call"
+            );
+            discard(entry);
+        }
+        let in_flight = InFlight {
+            inner: self.inner.clone(),
+            key: key.clone(),
+        };
+        (taken, in_flight)
+    }
+
+    /// Starts making sandboxes of `key` up to its target, in the background.
+    fn refill(&self, key: &Key, spec: &RunSpec, lease: Option<Arc<Lease>>) {
+        let now = Instant::now();
+        let wanted = {
+            let mut state = self.inner.lock();
+            let make_time = state.make_time.unwrap_or(Duration::from_millis(5));
+            let room = self.inner.max_total.saturating_sub(state.total);
+            let per_kind = self.inner.per_kind;
+            let Some(kind) = state.kinds.get_mut(key) else {
+                return;
+            };
+            let wanted = kind
+                .target(now, make_time, per_kind)
+                .saturating_sub(kind.held())
+                .min(room);
+            kind.making += wanted;
+            state.total += wanted;
+            self.inner.set_gauge(&state);
+            wanted
+        };
+        if wanted == 0 {
+            return;
+        }
+        let spec = Arc::new(spec.clone());
+        for _ in 0..wanted {
+            let (inner, key, spec, lease) =
+                (self.inner.clone(), key.clone(), spec.clone(), lease.clone());
+            tokio::spawn(async move { make(&inner, &key, &spec, lease).await });
+        }
+    }
+}
+
+/// Makes one sandbox of `key` (counted in its `making` already) and puts it
+/// in the pool once its root is built, unless the kind no longer wants it.
+async fn make(inner: &Arc<Inner>, key: &Key, spec: &RunSpec, lease: Option<Arc<Lease>>) {
+    let started = Instant::now();
+    let made = match inner.sandbox.prepare(spec) {
+        Ok(mut run) => match run.ready().await {
+            Ok(()) => Ok(run),
+            Err(e) => {
+                run.discard().await;
+                Err(e)
+            }
+        },
+        Err(e) => Err(e),
+    };
+    let now = Instant::now();
+    let unwanted = {
+        let mut state = inner.lock();
+        let took = now - started;
+        let average = *state.make_time.get_or_insert(took);
+        let make_time = (average * 7 + took) / 8;
+        state.make_time = Some(make_time);
+        let per_kind = inner.per_kind;
+        // The kind may have been swept and made anew meanwhile, without
+        // this sandbox in its count.
+        match (made, state.kinds.get_mut(key)) {
+            (Ok(run), Some(kind)) => {
+                kind.making = kind.making.saturating_sub(1);
+                if kind.held() < kind.target(now, make_time, per_kind) {
+                    kind.ready.push(Entry { run, _lease: lease });
+                    return;
+                }
+                Some(run)
+            }
+            // Swept meanwhile: not wanted.
+            (Ok(run), None) => Some(run),
+            (Err(e), kind) => {
+                if let Some(kind) = kind {
+                    kind.making = kind.making.saturating_sub(1);
+                    kind.backoff_until = Some(now + BACKOFF);
+                }
+                tracing::warn!(error = %e, "cannot make a sandbox ahead of its call");
+                None
+            }
+        }
+    };
+    // Not in the pool after all.
+    {
+        let mut state = inner.lock();
+        state.total -= 1;
+        inner.set_gauge(&state);
+    }
+    if let Some(run) = unwanted {
+        run.discard().await;
+    }
+}
+
+/// Ends a sandbox of the pool, off the caller's path.
+fn discard(entry: Entry) {
+    tokio::spawn(async move {
+        entry.run.discard().await;
+        drop(entry._lease);
+    });
+}
+
+/// Ends the sandboxes of kinds not called lately, and forgets the kinds,
+/// every [`SWEEP`], until no kind is left (or the pool is dropped).
+async fn sweep(inner: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(SWEEP).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        let mut ended = Vec::new();
+        let done = {
+            let mut state = inner.lock();
+            state.kinds.retain(|_, kind| {
+                if now.saturating_duration_since(kind.last_call) < IDLE || kind.in_flight > 0 {
+                    return true;
+                }
+                // Sandboxes still in the making find their kind gone.
+                ended.append(&mut kind.ready);
+                false
+            });
+            state.total -= ended.len();
+            inner.set_gauge(&state);
+            let done = state.kinds.is_empty();
+            if done {
+                state.sweeping = false;
+            }
+            done
+        };
+        for entry in ended {
+            discard(entry);
+        }
+        if done {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAKE: Duration = Duration::from_millis(5);
+
+    #[test]
+    fn a_kind_not_called_lately_wants_nothing() {
+        let t0 = Instant::now();
+        let mut kind = Kind::new(t0);
+        kind.calls = 50;
+        kind.peak = 4;
+        assert!(kind.target(t0, MAKE, PER_KIND) > 0);
+        assert_eq!(kind.target(t0 + IDLE, MAKE, PER_KIND), 0);
+        kind.backoff_until = Some(t0 + BACKOFF);
+        assert_eq!(kind.target(t0, MAKE, PER_KIND), 0);
+        assert!(kind.target(t0 + BACKOFF, MAKE, PER_KIND) > 0);
+    }
+
+    #[test]
+    fn the_target_follows_concurrency_and_rate_within_the_cap() {
+        let t0 = Instant::now();
+        let mut kind = Kind::new(t0);
+        // One call at a time, and one more for a call that comes while a
+        // sandbox is made (however rare the calls, that rounds up to one).
+        kind.calls = 1;
+        kind.peak = 1;
+        assert_eq!(kind.target(t0, MAKE, PER_KIND), 2);
+        // 800 calls over 2 s (400/s), 5 ms to make one: 2 more expected
+        // while one is made; 3 at once.
+        kind.calls = 800;
+        kind.peak = 3;
+        assert_eq!(kind.target(t0, MAKE, PER_KIND), 5);
+        kind.peak = 30;
+        assert_eq!(kind.target(t0, MAKE, PER_KIND), PER_KIND);
+        assert_eq!(kind.target(t0, MAKE, 2), 2);
+    }
+
+    #[test]
+    fn windows_roll_and_forget_a_quiet_past() {
+        let t0 = Instant::now();
+        let mut kind = Kind::new(t0);
+        kind.calls = 10;
+        kind.peak = 6;
+        kind.in_flight = 1;
+        kind.roll(t0 + WINDOW);
+        assert_eq!((kind.previous_calls, kind.previous_peak), (10, 6));
+        assert_eq!((kind.calls, kind.peak), (0, 1));
+        // Two windows later with no call between: the past is gone.
+        kind.in_flight = 0;
+        kind.roll(t0 + 4 * WINDOW);
+        assert_eq!((kind.previous_calls, kind.previous_peak), (0, 0));
+    }
+}
