@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 
-use crate::yaml::{DocumentError, FoundTag, Quoted, YamlError, find_tag, parse_mapping};
+use crate::yaml::{DocumentError, NotJson, Quoted, YamlError, find_not_json, parse_mapping};
 
 /// The `apiVersion` a FunctionIO may carry.
 pub const API_VERSION: &str = "apiextensions.crossplane.io/v1alpha1";
@@ -162,11 +162,12 @@ pub enum Error {
         /// The only value allowed.
         expected: &'static str,
     },
-    /// A key or value carries a YAML tag that is not a core one.
+    /// A key or value carries a YAML tag that is not a core one, or a key
+    /// is a collection.
     #[error(
-        "{0}, which FunctionIO cannot carry (it is JSON to Crossplane; only core tags such as !!str are allowed)"
+        "{0}, which FunctionIO cannot carry (it is JSON to Crossplane: keys are scalars, and only core tags such as !!str are allowed)"
     )]
-    Tagged(FoundTag),
+    NotJson(NotJson),
 }
 
 impl From<DocumentError> for Error {
@@ -185,7 +186,7 @@ impl From<DocumentError> for Error {
 /// Crossplane's FunctionIO; unknown fields are ignored. `apiVersion` and `kind`
 /// are optional but must be right when present. No key or value, anywhere
 /// in the document, may carry a YAML tag other than a core one (`!!str`,
-/// `!!int`, ...): see below.
+/// `!!int`, ...), and no key may be a mapping or a sequence: see below.
 pub fn validate(doc: &[u8]) -> Result<FunctionIo, Error> {
     let mapping = parse_mapping(doc)?;
     // Local tags (`!vault x`, `!team: v`) are refused anywhere, keys and
@@ -198,9 +199,11 @@ pub fn validate(doc: &[u8]) -> Result<FunctionIo, Error> {
     // (serde_norway cannot emit one). kpt is alike: kyaml keeps tags in its
     // node tree, but the objects it applies are JSON. The v1 mapping refuses
     // tagged values for the same reason (`functionio_v1`); core tags are
-    // resolved by the parser and are fine.
-    if let Some(found) = find_tag(&mapping) {
-        return Err(Error::Tagged(found));
+    // resolved by the parser and are fine. A key that is a mapping or a
+    // sequence (`? [a]: b`) is alike: JSON has none, and serde_norway reads
+    // it but cannot write it back (the second fuzz finding).
+    if let Some(found) = find_not_json(&mapping) {
+        return Err(Error::NotJson(found));
     }
     let io: FunctionIo =
         serde_norway::from_value(Value::Mapping(mapping)).map_err(YamlError::from)?;
@@ -283,6 +286,14 @@ mod tests {
             (
                 "extra: {\"my key\": !t 1}",
                 "at extra[\"my key\"]: the value",
+            ),
+            (
+                "config:\n  labels:\n    ? {a: b}\n    : c\n",
+                "at config.labels: a mapping key is a mapping",
+            ),
+            (
+                "config: {? [a, b] : c}",
+                "at config: a mapping key is a sequence",
             ),
         ];
         for (doc, want) in cases {

@@ -28,7 +28,7 @@ pub mod text;
 mod yaml;
 
 pub use yaml::bounds as yaml_bounds;
-pub use yaml::{FoundTag, MAX_MESSAGE, MAX_QUOTED, Quoted, YamlError};
+pub use yaml::{MAX_MESSAGE, MAX_QUOTED, NotJson, NotJsonKind, Quoted, YamlError};
 
 /// Reads a message as another message type with the same wire format, such
 /// as a v1beta1 `RunFunctionRequest` as a v1 one. Fields the target type does

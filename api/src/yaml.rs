@@ -110,19 +110,28 @@ impl fmt::Display for Path<'_> {
     }
 }
 
-/// A YAML tag found in a document by [`find_tag`].
+/// Something of a document that JSON cannot carry, found by [`find_not_json`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FoundTag {
-    /// Where: the path of the tagged value, or of the mapping whose key is
-    /// tagged (see `on_key`), shown as `a.b["c d"][0]`, bounded.
+pub struct NotJson {
+    /// Where: the path of the value, or of the mapping whose key it is (see
+    /// `on_key`), shown as `a.b["c d"][0]`, bounded.
     pub path: String,
-    /// Whether the tag is on a mapping key rather than on a value.
+    /// Whether it is a mapping key rather than a value.
     pub on_key: bool,
-    /// The tag, quoted and cut short.
-    pub tag: Quoted,
+    pub what: NotJsonKind,
 }
 
-impl fmt::Display for FoundTag {
+/// What [`NotJson`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotJsonKind {
+    /// A YAML tag serde_norway keeps (a local one), quoted and cut short.
+    Tag(Quoted),
+    /// A mapping key that is a collection (`? {a: b}: c`): `"mapping"` or
+    /// `"sequence"`.
+    CollectionKey(&'static str),
+}
+
+impl fmt::Display for NotJson {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let at = if self.path.is_empty() {
             "the document"
@@ -134,40 +143,49 @@ impl fmt::Display for FoundTag {
         } else {
             "the value"
         };
-        write!(f, "at {at}: {what} has the YAML tag {}", self.tag)
+        match &self.what {
+            NotJsonKind::Tag(tag) => write!(f, "at {at}: {what} has the YAML tag {tag}"),
+            NotJsonKind::CollectionKey(kind) => write!(f, "at {at}: {what} is a {kind}"),
+        }
     }
 }
 
-/// The first value or key of `mapping` (depth first) that carries a YAML
-/// tag serde_norway keeps: a local tag such as `!vault` or `!<!x>`. Core
-/// tags (`!!str`, `!!int`, `!!map`, ... , `tag:yaml.org,2002:*`) are
-/// resolved by the parser and never reach a [`Value`] as tags.
+/// The first value or key of `mapping` (depth first) that JSON cannot
+/// carry: one with a YAML tag serde_norway keeps (a local tag such as
+/// `!vault` or `!<!x>`; core tags, `!!str`, `!!int`, `!!map`, ... ,
+/// `tag:yaml.org,2002:*`, are resolved by the parser and never reach a
+/// [`Value`] as tags), or a key that is a mapping or a sequence. serde_norway
+/// reads both and can write neither back.
 ///
 /// Recursion is bounded: a parsed document is at most
 /// [`bounds::MAX_DEPTH`] collections deep.
-pub(crate) fn find_tag(mapping: &serde_norway::Mapping) -> Option<FoundTag> {
+pub(crate) fn find_not_json(mapping: &serde_norway::Mapping) -> Option<NotJson> {
     let mut path = Vec::new();
     find_in_mapping(mapping, &mut path)
 }
 
-fn find_in_mapping(mapping: &serde_norway::Mapping, path: &mut Vec<Segment>) -> Option<FoundTag> {
+fn find_in_mapping(mapping: &serde_norway::Mapping, path: &mut Vec<Segment>) -> Option<NotJson> {
     for (key, value) in mapping {
-        if let Value::Tagged(tagged) = key {
-            return Some(FoundTag {
+        let on_key = |what| {
+            Some(NotJson {
                 path: Path(path).to_string(),
                 on_key: true,
-                tag: Quoted::new(&tagged.tag.to_string()),
-            });
-        }
+                what,
+            })
+        };
         let segment = match key {
+            Value::Tagged(tagged) => {
+                return on_key(NotJsonKind::Tag(Quoted::new(&tagged.tag.to_string())));
+            }
+            Value::Mapping(_) => return on_key(NotJsonKind::CollectionKey("mapping")),
+            Value::Sequence(_) => return on_key(NotJsonKind::CollectionKey("sequence")),
             Value::String(s) => s.clone(),
             Value::Number(n) => n.to_string(),
             Value::Bool(b) => b.to_string(),
             Value::Null => "null".to_owned(),
-            other => format!("<{}>", kind_name(other)),
         };
         path.push(Segment::Key(segment));
-        let found = find_in_value(key, path).or_else(|| find_in_value(value, path));
+        let found = find_in_value(value, path);
         path.pop();
         if found.is_some() {
             return found;
@@ -176,12 +194,12 @@ fn find_in_mapping(mapping: &serde_norway::Mapping, path: &mut Vec<Segment>) -> 
     None
 }
 
-fn find_in_value(value: &Value, path: &mut Vec<Segment>) -> Option<FoundTag> {
+fn find_in_value(value: &Value, path: &mut Vec<Segment>) -> Option<NotJson> {
     match value {
-        Value::Tagged(tagged) => Some(FoundTag {
+        Value::Tagged(tagged) => Some(NotJson {
             path: Path(path).to_string(),
             on_key: false,
-            tag: Quoted::new(&tagged.tag.to_string()),
+            what: NotJsonKind::Tag(Quoted::new(&tagged.tag.to_string())),
         }),
         Value::Mapping(mapping) => find_in_mapping(mapping, path),
         Value::Sequence(items) => items.iter().enumerate().find_map(|(i, item)| {
