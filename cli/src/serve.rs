@@ -90,8 +90,11 @@ pub struct ServeArgs {
     /// Sandboxes made ahead of calls, at most N at a time over every kind
     /// of run: a call that finds one of its kind ready skips building its
     /// sandbox (namespaces, cgroup, root). Each serves one call; a kind
-    /// not called for 10s keeps none. 0: every call makes its own.
-    #[arg(long, value_name = "N", default_value_t = 8)]
+    /// not called for 10s keeps none. 0 (the default): every call makes
+    /// its own. A pooled sandbox holds its image in the cache, so with
+    /// --cache-max-size the cache may stay over its size until the next run
+    /// after the pool has emptied.
+    #[arg(long, value_name = "N", default_value_t = 0)]
     pub sandbox_pool: usize,
     /// Pull these images into the cache at start, unless cached (for Porch's
     /// functions, say). A failed prefetch is a warning; the daemon serves

@@ -393,8 +393,13 @@ async fn the_sandbox_pool_serves_calls_in_fresh_sandboxes_and_empties_when_idle(
                   echo x > /tmp/seen; echo x > /seen; exec cat";
     let image = TestImage::script(script).push_to(&registry, "fns/pooled:v1");
     let addr = format!("127.0.0.1:{}", free_port().expect("port"));
-    let daemon = Daemon::start(DaemonOpts::default().arg("--metrics-listen").arg(&addr))
-        .expect("fnrun serve starts");
+    let daemon = Daemon::start(
+        DaemonOpts::default()
+            .arg("--metrics-listen")
+            .arg(&addr)
+            .arg("--sandbox-pool=8"),
+    )
+    .expect("fnrun serve starts");
     let pid = daemon.pid().expect("the daemon's pid");
     let scrape = || http_get(&addr, "/metrics").expect("GET /metrics").1;
     // Idle, never called: nothing made ahead.

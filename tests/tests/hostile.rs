@@ -367,7 +367,7 @@ fn marked_processes() -> Vec<(u32, String)> {
 }
 
 /// Whether `pid` is the init of a sandbox the daemon made ahead of its call
-/// (`--sandbox-pool`, on by default): it has no child (the function does not
+/// (`--sandbox-pool`, which this suite's daemons turn on): it has no child (the function does not
 /// exist yet) and sleeps reading a pipe (the sync pipe, waiting for the
 /// call). Only inits are the daemon's children, and an init that ran a call
 /// has forked its function, so this is no leftover of a run.
@@ -664,7 +664,9 @@ struct Harness {
 
 impl Harness {
     async fn start(mode: Mode, user: Option<TestUser>, images: &Images) -> Harness {
-        let mut opts = DaemonOpts::default();
+        // With the sandbox pool on: hostile functions run beside sandboxes
+        // made ahead of calls, and in them.
+        let mut opts = DaemonOpts::default().arg("--sandbox-pool=8");
         if let Some(user) = user.clone() {
             opts = opts.user(user);
         }
