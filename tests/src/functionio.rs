@@ -66,3 +66,15 @@ pub fn report_script(setup: &str, message: &str) -> String {
          printf 'results:\\n- severity: Normal\\n  message: \"%s\"\\n' \"$msg\"\n"
     )
 }
+
+/// A function's script (`/bin/sh`) that reads its input and writes
+/// [`MINIMAL`] followed by a YAML alias bomb: one anchored 1 MiB scalar and
+/// 1,001 aliases to it, a GiB once expanded.
+pub fn alias_bomb_function() -> String {
+    format!(
+        "#!/bin/sh\ncat >/dev/null\nprintf '{}'\nprintf 'bomb:\\n  s: &s \"'\n\
+         head -c 1048576 /dev/zero | tr '\\000' a\nprintf '\"\\n  l: ['\n\
+         i=0; while [ $i -lt 1000 ]; do printf '*s,'; i=$((i+1)); done\nprintf '*s]\\n'\n",
+        MINIMAL.replace('\n', "\\n")
+    )
+}

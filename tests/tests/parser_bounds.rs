@@ -100,12 +100,7 @@ fn a_quote_inside_a_plain_scalar_does_not_hide_deep_nesting() {
 #[test]
 fn a_function_that_writes_an_alias_bomb_fails() {
     let registry = Registry::start().expect("registry starts");
-    let script = format!(
-        "#!/bin/sh\ncat >/dev/null\nprintf '{}'\nprintf 'bomb:\\n  s: &s \"'\n\
-         head -c 1048576 /dev/zero | tr '\\000' a\nprintf '\"\\n  l: ['\n\
-         i=0; while [ $i -lt 1000 ]; do printf '*s,'; i=$((i+1)); done\nprintf '*s]\\n'\n",
-        MINIMAL.replace('\n', "\\n")
-    );
+    let script = fnrun_tests::functionio::alias_bomb_function();
     let image = TestImage::script(&script).push_to(&registry, "fns/bomb:v1");
     let cli = Cli::new().expect("cli");
     let out = cli.run(&["run", &image, "-"], Some(MINIMAL.as_bytes()));

@@ -472,12 +472,7 @@ async fn a_functions_alias_bomb_output_costs_little() {
     use fnrun_tests::functionio::MINIMAL;
 
     let registry = Registry::start().expect("registry starts");
-    let script = format!(
-        "#!/bin/sh\ncat >/dev/null\nprintf '{}'\nprintf 'bomb:\\n  s: &s \"'\n\
-         head -c 1048576 /dev/zero | tr '\\000' a\nprintf '\"\\n  l: ['\n\
-         i=0; while [ $i -lt 1000 ]; do printf '*s,'; i=$((i+1)); done\nprintf '*s]\\n'\n",
-        MINIMAL.replace('\n', "\\n")
-    );
+    let script = fnrun_tests::functionio::alias_bomb_function();
     let image = TestImage::script(&script).push_to(&registry, "fns/bomb:v1");
     for user in root_and_rootless("a_functions_alias_bomb_output_costs_little") {
         let (daemon, listeners) = daemon(&user);
