@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_norway::Value;
 
-use crate::yaml::{DocumentError, NotJson, Quoted, YamlError, find_not_json, parse_mapping};
+use crate::yaml::{
+    DocumentError, NotJson, Quoted, TaggedValues, YamlError, find_not_json, parse_mapping,
+};
 
 /// The `apiVersion` a FunctionIO may carry.
 pub const API_VERSION: &str = "apiextensions.crossplane.io/v1alpha1";
@@ -202,7 +204,7 @@ pub fn validate(doc: &[u8]) -> Result<FunctionIo, Error> {
     // resolved by the parser and are fine. A key that is a mapping or a
     // sequence (`? [a]: b`) is alike: JSON has none, and serde_norway reads
     // it but cannot write it back (the second fuzz finding).
-    if let Some(found) = find_not_json(&mapping) {
+    if let Some(found) = find_not_json(&mapping, TaggedValues::Refused) {
         return Err(Error::NotJson(found));
     }
     let io: FunctionIo =

@@ -32,7 +32,10 @@ pub use self::fields::ShapeError;
 use self::fields::{optional_str, shape};
 use self::results::ResultsError;
 pub use self::results::{Field, File, ResourceRef, ResultError, ResultItem, Severity, summary};
-use crate::yaml::{DocumentError, Quoted, YamlError, kind_name, parse_mapping, parse_mappings};
+use crate::yaml::{
+    DocumentError, NotJson, Quoted, TaggedValues, YamlError, find_not_json, kind_name,
+    parse_mapping, parse_mappings,
+};
 
 /// The `apiVersion` fnrun writes.
 pub const API_VERSION: &str = "config.kubernetes.io/v1";
@@ -118,6 +121,12 @@ pub enum Error {
         /// What is allowed.
         expected: &'static str,
     },
+    /// A mapping key, anywhere in the document, is a mapping or a sequence,
+    /// or carries a local YAML tag.
+    #[error(
+        "{0}, which a ResourceList cannot carry (its resources are JSON to Kubernetes: keys are untagged scalars)"
+    )]
+    NotJson(NotJson),
     /// An item is not a KRM object.
     #[error("items[{index}]: {reason}")]
     Item {
@@ -241,6 +250,12 @@ pub fn resources(stream: &[u8]) -> Result<Vec<Mapping>, StreamError> {
     docs.into_iter()
         .enumerate()
         .map(|(index, doc)| {
+            if let Some(found) = find_not_json(&doc, TaggedValues::Allowed) {
+                return Err(StreamError::Document {
+                    index,
+                    reason: Error::NotJson(found),
+                });
+            }
             check_item(Value::Mapping(doc))
                 .map_err(|reason| StreamError::Resource { index, reason })
         })
@@ -252,6 +267,9 @@ pub fn resources(stream: &[u8]) -> Result<Vec<Mapping>, StreamError> {
 /// a ConfigMap or the function's own kind.
 pub fn function_config(doc: &[u8]) -> Result<Mapping, Error> {
     let config = parse_mapping(doc)?;
+    if let Some(found) = find_not_json(&config, TaggedValues::Allowed) {
+        return Err(Error::NotJson(found));
+    }
     check_item(Value::Mapping(config)).map_err(Error::FunctionConfig)
 }
 
@@ -270,6 +288,15 @@ pub fn with_function_config(doc: &[u8], config: Mapping) -> Result<Vec<u8>, Erro
 }
 
 fn parse(mut doc: Mapping, side: Side) -> Result<ResourceList, Error> {
+    // A key that is a collection (`? {a: b}: c`) or tagged (`!t k: v`):
+    // serde_norway reads both and cannot write either back, so fnrun would
+    // accept a ResourceList it then fails to pass on (the ResourceList half
+    // of #18's second fuzz finding; `? [a]: b` it writes, but JSON, and so
+    // Kubernetes, has no such key either). Tagged values are written back as
+    // read, and kpt keeps them: they pass.
+    if let Some(found) = find_not_json(&doc, TaggedValues::Allowed) {
+        return Err(Error::NotJson(found));
+    }
     let kind = required_str(&doc, "kind")?;
     if kind != KIND {
         return Err(Error::WrongType {
@@ -387,6 +414,81 @@ mod tests {
         let rl = validate_input(doc.as_bytes()).unwrap();
         let again = rl.to_yaml().unwrap();
         assert!(again.contains("v: |"), "{again}");
+        assert_eq!(validate_input(again.as_bytes()).unwrap(), rl);
+    }
+
+    /// Keys JSON has not, anywhere: refused with where they are, in input
+    /// and output. Before, they were accepted and `to_yaml` then failed
+    /// ("expected SCALAR, SEQUENCE-START, ..."). Tagged values pass, and are
+    /// written back as read.
+    #[test]
+    fn keys_are_untagged_scalars() {
+        let item = |data: &str| {
+            format!(
+                "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems:\n\
+                 - apiVersion: v1\n  kind: ConfigMap\n  metadata: {{name: a}}\n  data:\n{data}"
+            )
+        };
+        let cases = [
+            (
+                item("    ? {a: b}\n    : c\n"),
+                "at items[0].data: a mapping key is a mapping",
+            ),
+            (
+                item("    ? [a]\n    : c\n"),
+                "at items[0].data: a mapping key is a sequence",
+            ),
+            (
+                item("    !t k: c\n"),
+                "at items[0].data: a mapping key has the YAML tag \"!t\"",
+            ),
+            (
+                "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems: []\n\
+                 functionConfig:\n  ? {a: b}\n  : c\n"
+                    .to_owned(),
+                "at functionConfig: a mapping key is a mapping",
+            ),
+        ];
+        for (doc, want) in &cases {
+            for result in [
+                validate_input(doc.as_bytes()),
+                validate_output(doc.as_bytes()),
+            ] {
+                let err = result.expect_err(doc);
+                assert!(matches!(err, Error::NotJson(_)), "{doc}: {err:?}");
+                let message = err.to_string();
+                assert!(message.starts_with(want), "{doc}: {message}");
+                assert!(message.contains("JSON to Kubernetes"), "{message}");
+            }
+        }
+        // A package's files and a function config given on its own, which
+        // fnrun writes into the ResourceList it makes.
+        let object =
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata:\n  ? [a]\n  : c\n";
+        let err = resources(
+            format!(
+                "{}\n---\n{object}",
+                "{apiVersion: v1, kind: ConfigMap, metadata: {name: b}}"
+            )
+            .as_bytes(),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("document 1: at data: a mapping key is a sequence"),
+            "{err}"
+        );
+        let err = function_config(object.as_bytes()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("at data: a mapping key is a sequence"),
+            "{err}"
+        );
+
+        let tagged = item("    k: !t c\n");
+        let rl = validate_input(tagged.as_bytes()).unwrap();
+        let again = rl.to_yaml().unwrap();
+        assert!(again.contains("k: !t c"), "{again}");
         assert_eq!(validate_input(again.as_bytes()).unwrap(), rl);
     }
 

@@ -157,14 +157,31 @@ impl fmt::Display for NotJson {
 /// [`Value`] as tags), or a key that is a mapping or a sequence. serde_norway
 /// reads both and can write neither back.
 ///
+/// With [`TaggedValues::Allowed`], tagged values are passed over: only
+/// keys are checked (serde_norway writes a tagged value back as it read it).
+///
 /// Recursion is bounded: a parsed document is at most
 /// [`bounds::MAX_DEPTH`] collections deep.
-pub(crate) fn find_not_json(mapping: &serde_norway::Mapping) -> Option<NotJson> {
+pub(crate) fn find_not_json(
+    mapping: &serde_norway::Mapping,
+    tagged_values: TaggedValues,
+) -> Option<NotJson> {
     let mut path = Vec::new();
-    find_in_mapping(mapping, &mut path)
+    find_in_mapping(mapping, &mut path, tagged_values)
 }
 
-fn find_in_mapping(mapping: &serde_norway::Mapping, path: &mut Vec<Segment>) -> Option<NotJson> {
+/// Whether [`find_not_json`] reports a value with a local YAML tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaggedValues {
+    Refused,
+    Allowed,
+}
+
+fn find_in_mapping(
+    mapping: &serde_norway::Mapping,
+    path: &mut Vec<Segment>,
+    tagged_values: TaggedValues,
+) -> Option<NotJson> {
     for (key, value) in mapping {
         let on_key = |what| {
             Some(NotJson {
@@ -185,7 +202,7 @@ fn find_in_mapping(mapping: &serde_norway::Mapping, path: &mut Vec<Segment>) -> 
             Value::Null => "null".to_owned(),
         };
         path.push(Segment::Key(segment));
-        let found = find_in_value(value, path);
+        let found = find_in_value(value, path, tagged_values);
         path.pop();
         if found.is_some() {
             return found;
@@ -194,17 +211,22 @@ fn find_in_mapping(mapping: &serde_norway::Mapping, path: &mut Vec<Segment>) -> 
     None
 }
 
-fn find_in_value(value: &Value, path: &mut Vec<Segment>) -> Option<NotJson> {
+fn find_in_value(
+    value: &Value,
+    path: &mut Vec<Segment>,
+    tagged_values: TaggedValues,
+) -> Option<NotJson> {
     match value {
-        Value::Tagged(tagged) => Some(NotJson {
+        Value::Tagged(tagged) if tagged_values == TaggedValues::Refused => Some(NotJson {
             path: Path(path).to_string(),
             on_key: false,
             what: NotJsonKind::Tag(Quoted::new(&tagged.tag.to_string())),
         }),
-        Value::Mapping(mapping) => find_in_mapping(mapping, path),
+        Value::Tagged(tagged) => find_in_value(&tagged.value, path, tagged_values),
+        Value::Mapping(mapping) => find_in_mapping(mapping, path, tagged_values),
         Value::Sequence(items) => items.iter().enumerate().find_map(|(i, item)| {
             path.push(Segment::Index(i));
-            let found = find_in_value(item, path);
+            let found = find_in_value(item, path, tagged_values);
             path.pop();
             found
         }),
