@@ -35,6 +35,8 @@ pub use crate::layout::{BadArchive, BadBlob, LayoutError, NotLayout};
 pub use crate::progress::PullProgress;
 pub use crate::rootfs::{LayerStack, RootfsError};
 pub use crate::store::{CachedImage, Lease, PruneReport, StoreError, VerifyReport};
+#[doc(hidden)]
+pub use crate::unpack::unpack_tar_for_fuzzing;
 pub use crate::unpack::{CorruptLayer, HostileEntry, UnpackError};
 
 /// Installs ring as the process's rustls provider, as the `fnrun` binary does, for tests

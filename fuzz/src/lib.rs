@@ -27,6 +27,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("docker_config", docker_config),
     ("spawner_codec", spawner_codec),
     ("manifest", manifest),
+    ("layer", layer),
 ];
 
 /// The YAML bounds check agrees with the parser: what it refuses for
@@ -521,9 +522,186 @@ pub fn manifest(data: &[u8]) {
     }
 }
 
+/// Layers: the first byte says whether the rest is unpacked as it is (a
+/// tar whose header checksums are mostly wrong once mutated) or with each
+/// header's checksum set as a writer would, so that mutations of names,
+/// types, sizes and links reach the unpacker. Whatever the tar:
+/// - nothing outside the layer's directory is created or changed, and a
+///   refused layer leaves no directory behind;
+/// - a refusal is the layer's fault (never a host error), said in at most
+///   a few hundred bytes;
+/// - an unpacked layer is within its budget and holds only directories,
+///   regular files, symlinks, fifos and whiteouts (0:0 character devices),
+///   none of them setuid or setgid.
+pub fn layer(data: &[u8]) {
+    use fnrun_registry::ErrorKind;
+    /// The budget left for the layer: small, so a run cannot fill a disk.
+    const MAX_BYTES: u64 = 4 << 20;
+    const MAX_ENTRIES: u64 = 256;
+    /// The longest refusal: the layer's digest, an entry's name cut to 300
+    /// bytes and a reason.
+    const MAX_MESSAGE: usize = 1024;
+    let Some((&how, tar)) = data.split_first() else {
+        return;
+    };
+    let mut tar = tar.to_vec();
+    if how % 2 == 1 {
+        set_tar_checksums(&mut tar);
+    }
+    let area = tempfile::tempdir().expect("a temp dir");
+    let base = area.path();
+    std::fs::create_dir(base.join("sentinel")).expect("the sentinel");
+    std::fs::write(base.join("sentinel/file"), b"keep").expect("the sentinel");
+    let blob = base.join("blob");
+    std::fs::write(&blob, &tar).expect("the blob");
+    let dest = base.join("layer");
+
+    let result = fnrun_cache::unpack_tar_for_fuzzing(&blob, &dest, MAX_BYTES, MAX_ENTRIES);
+
+    let mut around: Vec<String> = std::fs::read_dir(base)
+        .expect("the area")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    around.sort();
+    let sentinel: Vec<_> = std::fs::read_dir(base.join("sentinel"))
+        .expect("the sentinel")
+        .map(|e| e.expect("an entry").file_name())
+        .collect();
+    assert_eq!(sentinel, ["file"], "the sentinel's directory changed");
+    assert_eq!(
+        std::fs::read(base.join("sentinel/file")).expect("the sentinel"),
+        b"keep"
+    );
+    match result {
+        Ok((bytes, entries)) => {
+            assert_eq!(around, ["blob", "layer", "sentinel"]);
+            assert!(
+                bytes <= MAX_BYTES && entries <= MAX_ENTRIES,
+                "{bytes} {entries}"
+            );
+            let mut files = std::collections::HashMap::new();
+            check_layer_tree(&dest, &mut files);
+            let sizes: u64 = files.values().sum();
+            assert!(
+                sizes <= bytes,
+                "{sizes} bytes of files from a tar of {bytes}"
+            );
+        }
+        Err((err, kind)) => {
+            assert_eq!(around, ["blob", "sentinel"], "after {err}");
+            assert_eq!(
+                kind,
+                ErrorKind::Corrupt,
+                "a host error for a layer's content: {err}"
+            );
+            let message = err.to_string();
+            assert!(
+                message.len() <= MAX_MESSAGE,
+                "an error of {} bytes: {}...",
+                message.len(),
+                message.chars().take(200).collect::<String>()
+            );
+        }
+    }
+}
+
+/// Sets the checksum of every header of `tar`, as far as its sizes can be
+/// read, as a tar writer would (POSIX: the sum of the header's bytes with
+/// the checksum field as spaces, in six octal digits, a NUL and a space).
+fn set_tar_checksums(tar: &mut [u8]) {
+    let mut at = 0;
+    while at + 512 <= tar.len() {
+        let header = &mut tar[at..at + 512];
+        if header.iter().all(|&b| b == 0) {
+            at += 512;
+            continue;
+        }
+        header[148..156].fill(b' ');
+        let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
+        header[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        let size = std::str::from_utf8(&header[124..136])
+            .ok()
+            .map(|s| s.trim_matches(|c| c == '\0' || c == ' '))
+            .and_then(|s| u64::from_str_radix(s, 8).ok());
+        let Some(size) = size else {
+            return;
+        };
+        let Some(next) = usize::try_from(size.div_ceil(512).saturating_mul(512))
+            .ok()
+            .and_then(|data| (at + 512).checked_add(data))
+        else {
+            return;
+        };
+        at = next;
+    }
+}
+
+/// Checks every entry under `dir` (not following symlinks): its type and
+/// mode; records each regular file's size by inode in `files`.
+fn check_layer_tree(dir: &std::path::Path, files: &mut std::collections::HashMap<u64, u64>) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // A directory of mode 0 read by someone other than root.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return,
+        Err(e) => panic!("{}: {e}", dir.display()),
+    };
+    for entry in entries {
+        let path = entry.expect("an entry").path();
+        let meta = std::fs::symlink_metadata(&path).expect("an entry's metadata");
+        let kind = meta.file_type();
+        assert_eq!(
+            meta.mode() & 0o6000,
+            0,
+            "{} is setuid or setgid",
+            path.display()
+        );
+        if kind.is_dir() {
+            check_layer_tree(&path, files);
+        } else if kind.is_file() {
+            files.insert(meta.ino(), meta.len());
+        } else if kind.is_char_device() {
+            assert_eq!(meta.rdev(), 0, "{} is a device", path.display());
+        } else {
+            assert!(
+                kind.is_symlink() || kind.is_fifo(),
+                "{} is a {kind:?}",
+                path.display()
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::is_recursion_limit;
+    use super::{is_recursion_limit, set_tar_checksums};
+
+    /// The seeds of the `layer` target that are unpacked as they are were
+    /// written by a tar writer (Python's tarfile): setting their checksums
+    /// changes nothing, and a changed name gets a checksum again.
+    #[test]
+    fn tar_checksums_are_set_as_a_writer_sets_them() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/layer");
+        let mut seen = 0;
+        for seed in ["seed-tree", "seed-whiteouts", "seed-gnu-long", "seed-pax"] {
+            let data = std::fs::read(dir.join(seed)).expect("a seed");
+            let (&how, tar) = data.split_first().expect("a selector");
+            assert_eq!(how % 2, 0, "{seed} is unpacked as it is");
+            let mut summed = tar.to_vec();
+            set_tar_checksums(&mut summed);
+            assert!(summed == tar, "{seed}: checksums changed");
+            summed[0] ^= 1;
+            set_tar_checksums(&mut summed);
+            assert_ne!(summed[148..156], tar[148..156], "{seed}");
+            seen += 1;
+        }
+        assert_eq!(seen, 4);
+    }
 
     #[test]
     fn the_recursion_limit_is_told_by_the_whole_message() {

@@ -156,6 +156,39 @@ pub(crate) fn unpack_layer(
     result
 }
 
+/// The unpacker as the cache runs it, for the `layer` fuzz target of
+/// `fnrun-fuzz` only (hidden: not part of the cache's API). Unpacks the
+/// uncompressed tar at `blob` into `dest`, which must not exist, with
+/// `max_bytes` and `max_entries` left in the image's budget and the runner's
+/// own ids as owner; returns the tar's bytes and entries, or the error and
+/// how the daemon would classify it.
+#[doc(hidden)]
+pub fn unpack_tar_for_fuzzing(
+    blob: &Path,
+    dest: &Path,
+    max_bytes: u64,
+    max_entries: u64,
+) -> Result<(u64, u64), (UnpackError, fnrun_registry::ErrorKind)> {
+    let tar = std::fs::read(blob).map_err(|err| {
+        let e = UnpackError::Io {
+            op: "read layer blob",
+            path: blob.to_owned(),
+            err,
+        };
+        let kind = e.kind();
+        (e, kind)
+    })?;
+    let digest = Digest::of(&tar);
+    let budget = Budget::new(max_bytes, max_entries);
+    match unpack_layer(blob, &digest, &digest, dest, LayerOwner::Identity, &budget) {
+        Ok(stats) => Ok((stats.bytes, stats.entries)),
+        Err(e) => {
+            let kind = e.kind();
+            Err((e, kind))
+        }
+    }
+}
+
 fn unpack_into(
     file: File,
     compressed: &Digest,
