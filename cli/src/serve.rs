@@ -37,6 +37,9 @@ use fnrun_v1alpha1::FunctionRunnerService;
 const RUNNER_SERVICE: &str = <ContainerizedFunctionRunnerServiceServer<FunctionRunnerService> as tonic::server::NamedService>::NAME;
 const EVALUATOR_SERVICE: &str = <fnrun_api::evaluator::function_evaluator_server::FunctionEvaluatorServer<EvaluatorService> as tonic::server::NamedService>::NAME;
 
+/// `--sandbox-pool`'s default: one kind's most (`fnrun_core::pool::PER_KIND`).
+pub const DEFAULT_SANDBOX_POOL: usize = fnrun_core::pool::PER_KIND;
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Address to serve the runner (v1alpha1) and Porch's evaluator on:
@@ -90,11 +93,10 @@ pub struct ServeArgs {
     /// Sandboxes made ahead of calls, at most N at a time over every kind
     /// of run: a call that finds one of its kind ready skips building its
     /// sandbox (namespaces, cgroup, root). Each serves one call; a kind
-    /// not called for 10s keeps none. 0 (the default): every call makes
-    /// its own. A pooled sandbox holds its image in the cache, so with
-    /// --cache-max-size the cache may stay over its size until the next run
-    /// after the pool has emptied.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// not called for 10s keeps none. 0: every call makes its own. A pooled
+    /// sandbox holds its image in the cache: --cache-max-size evicts it
+    /// once the pool has let go of it.
+    #[arg(long, value_name = "N", default_value_t = crate::serve::DEFAULT_SANDBOX_POOL)]
     pub sandbox_pool: usize,
     /// Pull these images into the cache at start, unless cached (for Porch's
     /// functions, say). A failed prefetch is a warning; the daemon serves

@@ -25,12 +25,15 @@
 //!   none.
 //! - **Leases.** Each pooled sandbox holds the image's cache lease (shared
 //!   with the call that asked for it), so no prune removes layers that its
-//!   overlay root stands on.
+//!   overlay root stands on. When the pool ends the last sandbox that holds
+//!   an image's lease, it says so ([`Pool::on_lease_ended`]): the runner
+//!   then prunes the cache to `--cache-max-size`, which could not evict the
+//!   image while the pool held it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use fnrun_cache::Lease;
@@ -184,6 +187,8 @@ struct Inner {
     per_kind: usize,
     state: Mutex<State>,
     metrics: Arc<Metrics>,
+    /// Called when the pool lets go of the last hold on an image's lease.
+    on_lease_ended: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// The pool of every kind of run of one runner.
@@ -224,6 +229,17 @@ impl Inner {
             .pool_sandboxes
             .store(i64::try_from(state.total).unwrap_or(i64::MAX), Relaxed);
     }
+
+    /// Lets go of a sandbox's hold on its image's lease; if it was the last
+    /// hold, the lease ends, and the pool says so.
+    fn release(&self, lease: Option<Arc<Lease>>) {
+        if let Some(lease) = lease.and_then(Arc::into_inner) {
+            drop(lease);
+            if let Some(ended) = self.on_lease_ended.get() {
+                ended();
+            }
+        }
+    }
 }
 
 impl Pool {
@@ -238,8 +254,16 @@ impl Pool {
                 per_kind: PER_KIND.min(max_total),
                 state: Mutex::new(State::default()),
                 metrics,
+                on_lease_ended: OnceLock::new(),
             }),
         }
+    }
+
+    /// Has `ended` called whenever the pool ends the last sandbox that held
+    /// an image's lease (and no call holds it either): the image may be
+    /// evicted from then on. Set once; later calls are ignored.
+    pub fn on_lease_ended(&self, ended: impl Fn() + Send + Sync + 'static) {
+        let _ = self.inner.on_lease_ended.set(Box::new(ended));
     }
 
     /// Runs `spec` as [`Sandbox::run`] does, on a sandbox of the pool when
@@ -312,7 +336,7 @@ impl Pool {
                 init = entry.run.pid(),
                 "a pooled sandbox died before its call"
             );
-            discard(entry);
+            discard(self.inner.clone(), entry);
         }
         let in_flight = InFlight {
             inner: self.inner.clone(),
@@ -407,13 +431,14 @@ async fn make(inner: &Arc<Inner>, key: &Key, spec: &RunSpec, lease: Option<Arc<L
     if let Some(run) = unwanted {
         run.discard().await;
     }
+    inner.release(lease);
 }
 
 /// Ends a sandbox of the pool, off the caller's path.
-fn discard(entry: Entry) {
+fn discard(inner: Arc<Inner>, entry: Entry) {
     tokio::spawn(async move {
         entry.run.discard().await;
-        drop(entry._lease);
+        inner.release(entry._lease);
     });
 }
 
@@ -446,7 +471,7 @@ async fn sweep(inner: Weak<Inner>) {
             done
         };
         for entry in ended {
-            discard(entry);
+            discard(inner.clone(), entry);
         }
         if done {
             return;

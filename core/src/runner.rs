@@ -159,9 +159,8 @@ pub struct Runner {
     slots: Semaphore,
     allowed_registries: Vec<String>,
     metrics: Arc<Metrics>,
-    /// `--cache-max-size`: the cache is pruned to it after runs (at most every 10s).
-    cache_max_size: Option<u64>,
-    last_prune: std::sync::Mutex<Option<Instant>>,
+    /// `--cache-max-size`: the cache is pruned to it after runs.
+    pruner: Option<Arc<Pruner>>,
 }
 
 /// Holds one unit of a gauge (a queued call, a run in flight) until dropped.
@@ -191,8 +190,7 @@ impl Runner {
             admission,
             allowed_registries: Vec::new(),
             metrics: Arc::new(Metrics::default()),
-            cache_max_size: None,
-            last_prune: std::sync::Mutex::new(None),
+            pruner: None,
         }
     }
 
@@ -202,48 +200,40 @@ impl Runner {
     pub fn with_sandbox_pool(mut self, max_sandboxes: usize) -> Self {
         self.pool = (max_sandboxes > 0)
             .then(|| Pool::new(self.sandbox.clone(), max_sandboxes, self.metrics.clone()));
+        self.prune_when_the_pool_lets_go();
         self
     }
 
-    /// Prunes the cache to `max_bytes` after runs (least recently used images first;
-    /// images in use are leased and never evicted).
+    /// Prunes the cache to `max_bytes` after runs, and when the sandbox pool
+    /// ends the last sandbox standing on an image (least recently used images
+    /// first; images in use are leased and never evicted).
     pub fn with_cache_max_size(mut self, max_bytes: Option<u64>) -> Self {
-        self.cache_max_size = max_bytes;
+        self.pruner = max_bytes.map(|max| {
+            Arc::new(Pruner {
+                cache: self.cache.clone(),
+                max,
+                state: std::sync::Mutex::new(PruneState::default()),
+            })
+        });
+        self.prune_when_the_pool_lets_go();
         self
     }
 
-    /// Starts a background prune to `--cache-max-size`, unless one ran in the last 10s.
-    fn maybe_prune(&self) {
-        let Some(max) = self.cache_max_size else {
-            return;
-        };
-        {
-            let mut last = self
-                .last_prune
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if last.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(10)) {
-                return;
-            }
-            *last = Some(Instant::now());
+    /// A pooled sandbox holds its image's lease, so the prune after a run
+    /// cannot evict an image whose sandboxes are pooled: prune again when
+    /// the pool lets go of them.
+    fn prune_when_the_pool_lets_go(&self) {
+        if let (Some(pool), Some(pruner)) = (&self.pool, &self.pruner) {
+            let pruner = pruner.clone();
+            pool.on_lease_ended(move || pruner.request());
         }
-        let cache = self.cache.clone();
-        tokio::spawn(async move {
-            match cache.prune(max).await {
-                Ok(r) if !r.removed_refs.is_empty() || r.freed_bytes > 0 => tracing::info!(
-                    removed = ?r.removed_refs,
-                    freed_bytes = r.freed_bytes,
-                    total_bytes = r.total_bytes,
-                    kept_in_use = ?r.kept_in_use,
-                    "pruned the image cache"
-                ),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(
-                    error = %bounded(&e, LINE_MAX),
-                    "cannot prune the image cache"
-                ),
-            }
-        });
+    }
+
+    /// Has the cache pruned to `--cache-max-size`, if one is set.
+    fn maybe_prune(&self) {
+        if let Some(pruner) = &self.pruner {
+            pruner.request();
+        }
     }
 
     /// Refuses images from registries not in `registries` (empty: allow all).
@@ -415,7 +405,7 @@ impl Runner {
         }
     }
 
-    async fn run_inner(&self, req: RunRequest) -> Result<RunOutput, RunError> {
+    async fn run_inner(&self, mut req: RunRequest) -> Result<RunOutput, RunError> {
         // What is cheap to check is checked before admission; decoding the
         // input is not (its memory is linear in the input, within the YAML
         // bounds), so it runs inside it, where `--max-concurrency` bounds how
@@ -426,14 +416,18 @@ impl Runner {
         let reference = self.reference(&req.image)?;
 
         let _slot = self.admit().await?;
-        match req.format {
-            Format::FunctionIo => {
-                functionio::validate(&req.input).map_err(RunError::InvalidInput)?;
-            }
-            Format::ResourceList => {
-                resourcelist::validate_input(&req.input).map_err(RunError::InvalidResourceList)?;
-            }
-        }
+        let format = req.format;
+        let (input, checked) = decode(std::mem::take(&mut req.input), move |doc| match format {
+            Format::FunctionIo => functionio::validate(doc)
+                .map(drop)
+                .map_err(RunError::InvalidInput),
+            Format::ResourceList => resourcelist::validate_input(doc)
+                .map(drop)
+                .map_err(RunError::InvalidResourceList),
+        })
+        .await;
+        checked?;
+        req.input = input;
         let _running = Gauge::enter(&self.metrics.in_flight);
 
         let (image, lease) = self
@@ -473,14 +467,8 @@ impl Runner {
             Status::Exited(0) => {}
             // A KRM function that fails still says why in its output's results.
             Status::Exited(code) if req.format == Format::ResourceList => {
-                let returned = resourcelist::validate_output(&outcome.stdout)
-                    .ok()
-                    .map(|list| {
-                        Box::new(Returned {
-                            output: outcome.stdout,
-                            list,
-                        })
-                    });
+                let (output, list) = decode(outcome.stdout, resourcelist::validate_output).await;
+                let returned = list.ok().map(|list| Box::new(Returned { output, list }));
                 return Err(RunError::KrmFunctionFailed {
                     code,
                     returned,
@@ -507,28 +495,182 @@ impl Runner {
                 });
             }
         }
-        let resource_list = match req.format {
-            Format::FunctionIo => {
-                functionio::validate(&outcome.stdout).map_err(|error| RunError::InvalidOutput {
-                    error: OutputError::FunctionIo(error),
-                    stderr,
-                })?;
-                None
-            }
-            Format::ResourceList => Some(resourcelist::validate_output(&outcome.stdout).map_err(
-                |error| RunError::InvalidOutput {
-                    error: OutputError::ResourceList(error),
-                    stderr,
-                },
-            )?),
-        };
+        let (output, checked) = decode(outcome.stdout, move |doc| match format {
+            Format::FunctionIo => functionio::validate(doc)
+                .map(|_| None)
+                .map_err(OutputError::FunctionIo),
+            Format::ResourceList => resourcelist::validate_output(doc)
+                .map(Some)
+                .map_err(OutputError::ResourceList),
+        })
+        .await;
+        let resource_list = checked.map_err(|error| RunError::InvalidOutput { error, stderr })?;
         Ok(RunOutput {
-            output: outcome.stdout,
+            output,
             resource_list,
             stderr: outcome.stderr_tail,
             digest: image.digest,
             peak_memory_bytes: outcome.peak_memory_bytes,
             cpu_time: outcome.cpu_time,
         })
+    }
+}
+
+/// The largest document decoded on the task that asked for it; a larger one
+/// is decoded on the blocking pool. Decoding 1 MiB of YAML holds its thread
+/// for tens of milliseconds (about 150 ms in a debug build): on a runtime
+/// worker, the other connections that worker serves (health checks on other
+/// listeners among them) would wait that long. Below this size, decoding
+/// costs about what handing the document to another thread does.
+const DECODE_INLINE_MAX: usize = 64 << 10;
+
+/// `decode(&doc)`, off the runtime's workers when `doc` is larger than
+/// [`DECODE_INLINE_MAX`]; gives `doc` back with the result. The runner calls
+/// it with the call's admission slot held, so `--max-concurrency` bounds how
+/// many documents are decoded at once, inputs and outputs alike.
+async fn decode<T, F>(doc: Vec<u8>, decode: F) -> (Vec<u8>, T)
+where
+    F: FnOnce(&[u8]) -> T + Send + 'static,
+    T: Send + 'static,
+{
+    if doc.len() <= DECODE_INLINE_MAX {
+        let decoded = decode(&doc);
+        return (doc, decoded);
+    }
+    match tokio::task::spawn_blocking(move || {
+        let decoded = decode(&doc);
+        (doc, decoded)
+    })
+    .await
+    {
+        Ok(done) => done,
+        // The decoders do not panic (they are fuzzed); if one did, the panic
+        // is this call's, as it would be on this task. A blocking task is
+        // cancelled only with its runtime, which drops this call too.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// Prunes are at most this often; one asked for sooner runs when the time is
+/// up.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+
+/// Prunes the cache to `--cache-max-size` in the background, at most every
+/// [`PRUNE_EVERY`], and never drops a request: one made within that time of
+/// the last prune is run once the time is up (one for all such requests).
+struct Pruner {
+    cache: Arc<Cache>,
+    max: u64,
+    state: std::sync::Mutex<PruneState>,
+}
+
+#[derive(Default)]
+struct PruneState {
+    last: Option<Instant>,
+    /// A prune is waiting for [`PRUNE_EVERY`] to pass.
+    scheduled: bool,
+}
+
+impl PruneState {
+    /// A prune is asked for at `now`: how long to wait before it runs, or
+    /// `None` if one already waits (it will see what this one would).
+    fn plan(&mut self, now: Instant) -> Option<Duration> {
+        if self.scheduled {
+            return None;
+        }
+        match self.last.map(|t| now.saturating_duration_since(t)) {
+            Some(since) if since < PRUNE_EVERY => {
+                self.scheduled = true;
+                Some(PRUNE_EVERY - since)
+            }
+            _ => {
+                self.last = Some(now);
+                Some(Duration::ZERO)
+            }
+        }
+    }
+
+    /// The waiting prune runs at `now`.
+    fn run_scheduled(&mut self, now: Instant) {
+        self.scheduled = false;
+        self.last = Some(now);
+    }
+}
+
+impl Pruner {
+    fn request(self: &Arc<Self>) {
+        let wait = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .plan(Instant::now());
+        let Some(wait) = wait else {
+            return;
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+                this.state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .run_scheduled(Instant::now());
+            }
+            match this.cache.prune(this.max).await {
+                Ok(r) if !r.removed_refs.is_empty() || r.freed_bytes > 0 => tracing::info!(
+                    removed = ?r.removed_refs,
+                    freed_bytes = r.freed_bytes,
+                    total_bytes = r.total_bytes,
+                    kept_in_use = ?r.kept_in_use,
+                    "pruned the image cache"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    error = %bounded(&e, LINE_MAX),
+                    "cannot prune the image cache"
+                ),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A large document is decoded off the thread of the task that asked
+    /// (a runtime worker, whose other connections would wait), a small one
+    /// on it (a hand-over would cost more than the decoding); the document
+    /// comes back either way.
+    #[tokio::test(flavor = "current_thread")]
+    async fn large_documents_are_decoded_off_the_runtime() {
+        let caller = std::thread::current().id();
+        for (len, off) in [(DECODE_INLINE_MAX, false), (DECODE_INLINE_MAX + 1, true)] {
+            let (doc, thread) = decode(vec![b'a'; len], |_| std::thread::current().id()).await;
+            assert_eq!(doc.len(), len);
+            assert_eq!(thread != caller, off, "{len} bytes");
+        }
+    }
+
+    /// A prune asked for within [`PRUNE_EVERY`] of the last one is not
+    /// dropped (the pool's prune after it lets go of an image comes a few
+    /// seconds after the prune of the run that filled it): it waits for the
+    /// rest of the time, and requests meanwhile share it.
+    #[test]
+    fn a_prune_asked_for_too_soon_waits_and_is_not_lost() {
+        let t0 = Instant::now();
+        let mut state = PruneState::default();
+        assert_eq!(state.plan(t0), Some(Duration::ZERO));
+        let soon = t0 + Duration::from_secs(3);
+        assert_eq!(state.plan(soon), Some(PRUNE_EVERY - Duration::from_secs(3)));
+        assert_eq!(state.plan(soon + Duration::from_secs(1)), None);
+        state.run_scheduled(t0 + PRUNE_EVERY);
+        assert_eq!(
+            state.plan(t0 + PRUNE_EVERY + Duration::from_secs(1)),
+            Some(PRUNE_EVERY - Duration::from_secs(1))
+        );
+        let mut state = PruneState::default();
+        state.plan(t0);
+        assert_eq!(state.plan(t0 + PRUNE_EVERY), Some(Duration::ZERO));
     }
 }

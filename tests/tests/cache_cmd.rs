@@ -193,9 +193,12 @@ async fn daemon_prunes_to_cache_max_size_after_a_run() {
         .await
         .expect("runs");
     assert_same_yaml(&String::from_utf8(out.output).unwrap(), SAMPLE);
-    // The image was leased during the run and is evicted after it.
+    // The image was leased during the run and is evicted after it: with the
+    // sandbox pool (on by default), once the pool has ended the sandboxes
+    // made ahead for this kind, 10 s after its last call (the pool's sweep
+    // and the prune it asks for take a few seconds more).
     let blobs = daemon.cache_dir().join("blobs/sha256");
-    let emptied = fnrun_tests::wait_for(std::time::Duration::from_secs(10), || {
+    let emptied = fnrun_tests::wait_for(std::time::Duration::from_secs(30), || {
         files(&blobs).is_empty().then_some(())
     });
     assert!(emptied.is_some(), "blobs left: {:?}", files(&blobs));
