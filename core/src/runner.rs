@@ -521,7 +521,9 @@ impl Runner {
 /// for tens of milliseconds (about 150 ms in a debug build): on a runtime
 /// worker, the other connections that worker serves (health checks on other
 /// listeners among them) would wait that long. Below this size, decoding
-/// costs about what handing the document to another thread does.
+/// holds a worker a few milliseconds at most, and most documents (a
+/// FunctionIO of a few resources) are far smaller: for them a hand-over to
+/// another thread would cost more than the decoding.
 const DECODE_INLINE_MAX: usize = 64 << 10;
 
 /// `decode(&doc)`, off the runtime's workers when `doc` is larger than
