@@ -479,15 +479,7 @@ pub fn manifest(data: &[u8]) {
     let Some((&which, bytes)) = data.split_first() else {
         return;
     };
-    let bounded = |err: &dyn std::fmt::Display| {
-        let message = err.to_string();
-        assert!(
-            message.len() <= MAX_MESSAGE,
-            "an error of {} bytes: {}...",
-            message.len(),
-            message.chars().take(200).collect::<String>()
-        );
-    };
+    let bounded = |err: &dyn std::fmt::Display| assert_bounded(err, MAX_MESSAGE);
     let choose = |index: &manifest::Index| {
         if let Err(err) = manifest::select_platform(index, "fuzz") {
             bounded(&err);
@@ -599,15 +591,20 @@ pub fn layer(data: &[u8]) {
                 ErrorKind::Corrupt,
                 "a host error for a layer's content: {err}"
             );
-            let message = err.to_string();
-            assert!(
-                message.len() <= MAX_MESSAGE,
-                "an error of {} bytes: {}...",
-                message.len(),
-                message.chars().take(200).collect::<String>()
-            );
+            assert_bounded(&err, MAX_MESSAGE);
         }
     }
+}
+
+/// `err` says what it says in at most `max` bytes.
+fn assert_bounded(err: &dyn std::fmt::Display, max: usize) {
+    let message = err.to_string();
+    assert!(
+        message.len() <= max,
+        "an error of {} bytes: {}...",
+        message.len(),
+        message.chars().take(200).collect::<String>()
+    );
 }
 
 /// Sets the checksum of every header of `tar`, as far as its sizes can be

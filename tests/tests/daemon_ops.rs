@@ -58,23 +58,18 @@ async fn a_call_beyond_concurrency_and_queue_is_refused_at_once() {
     // Decoding a document is admitted like the run it is for (#18): an input
     // that is no FunctionIO is refused for capacity, not decoded, while the
     // runner is full (it would be INVALID_ARGUMENT once decoded).
-    let err = client::run_function(
-        &mut client,
-        Run::new(&image, b"apiVersion: [unclosed\n").build(),
-    )
-    .await
-    .expect_err("the third call is refused");
+    let not_functionio = Run::new(&image, b"apiVersion: [unclosed\n").build();
+    let err = client::run_function(&mut client, not_functionio.clone())
+        .await
+        .expect_err("the third call is refused");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     first
         .await
         .unwrap()
         .expect("the first call still completes");
-    let err = client::run_function(
-        &mut client,
-        Run::new(&image, b"apiVersion: [unclosed\n").build(),
-    )
-    .await
-    .expect_err("an input that is no FunctionIO is refused");
+    let err = client::run_function(&mut client, not_functionio)
+        .await
+        .expect_err("an input that is no FunctionIO is refused");
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
 }
 
