@@ -15,7 +15,7 @@
 //!   ([`Toolchain::build_upstream`]).
 //!
 //! Builds are cached in [`tool_cache::dir`]`/go`, keyed by a hash of the
-//! sources, go.mod, go.sum, the protos and `go version`; the module cache
+//! sources, go.mod, go.sum, the protos, the build flags and `go version`; the module cache
 //! (`GOMODCACHE`) and the build cache (`GOCACHE`) are there too, so a
 //! module is downloaded once and a program is built once. Go builds run at
 //! `nice -n 10` with `GOMAXPROCS=2`: the machines are shared.
@@ -49,6 +49,22 @@ const PLUGINS: [(&str, &str); 2] = [
         "google.golang.org/grpc/cmd/protoc-gen-go-grpc",
     ),
 ];
+
+/// `go build`'s flags for every program here: paths of the build machine
+/// left out, and no DWARF compiled for any package. Nothing in the tests
+/// debugs these programs, and a Go panic's trace does not need DWARF. The
+/// large builds of a fresh machine (kube-apiserver, Crossplane) compile and
+/// link for several minutes, on the suite's critical path.
+const BUILD_FLAGS: [&str; 2] = ["-trimpath", "-gcflags=all=-dwarf=false"];
+
+/// The linker flags every build starts with: no symbol table, no DWARF.
+const LDFLAGS: &str = "-s -w";
+
+/// [`BUILD_FLAGS`] and [`LDFLAGS`], as part of a build's key: programs
+/// built with other flags are built again.
+fn build_flags_key() -> String {
+    format!("{} -ldflags={LDFLAGS}", BUILD_FLAGS.join(" "))
+}
 
 /// The Go toolchain.
 #[derive(Debug, Clone)]
@@ -98,6 +114,19 @@ impl Toolchain {
         cmd
     }
 
+    /// `go build` as every build here runs it: [`BUILD_FLAGS`], then
+    /// `-ldflags` with [`LDFLAGS`] and `extra_ldflags`.
+    fn go_build(&self, dir: &Path, extra_ldflags: &str) -> Command {
+        let mut cmd = self.command(dir);
+        cmd.arg("build").args(BUILD_FLAGS);
+        if extra_ldflags.is_empty() {
+            cmd.arg(format!("-ldflags={LDFLAGS}"));
+        } else {
+            cmd.arg(format!("-ldflags={LDFLAGS} {extra_ldflags}"));
+        }
+        cmd
+    }
+
     /// Builds `tests/go/<program>` (package `main` of the module
     /// `fnrun.test`) with Go stubs for `protos` (each imported by its
     /// [`Protos::go_package`], which must lie in `fnrun.test/`); returns the
@@ -110,6 +139,7 @@ impl Toolchain {
         }
         let mut key = Key::new();
         key.part("go", &self.version)
+            .part("flags", build_flags_key())
             .part("go.mod", read(&module.join("go.mod"))?)
             .part("go.sum", read(&module.join("go.sum"))?)
             .tree(&sources)?;
@@ -127,8 +157,8 @@ impl Toolchain {
                 self.generate(&src, protos)?;
             }
             check_output(
-                self.command(&src)
-                    .args(["build", "-trimpath", "-o"])
+                self.go_build(&src, "")
+                    .arg("-o")
                     .arg(work.join(program))
                     .arg(format!("./{program}")),
             )
@@ -159,6 +189,7 @@ impl Toolchain {
             .join(module);
         let mut key = Key::new();
         key.part("go", &self.version)
+            .part("flags", build_flags_key())
             .part("go.mod", read(&dir.join("go.mod"))?)
             .part("go.sum", read(&dir.join("go.sum"))?)
             .part("package", package);
@@ -171,13 +202,13 @@ impl Toolchain {
         let entry = tool_cache::entry(&entry, |work| {
             let src = work.join("src");
             copy_module(&dir, &src)?;
-            let mut cmd = self.command(&src);
-            cmd.args(["build", "-trimpath"]);
-            if !ldflags.is_empty() {
-                cmd.arg(format!("-ldflags={ldflags}"));
-            }
-            check_output(cmd.arg("-o").arg(work.join(name)).arg(package))
-                .with_context(|| format!("cannot build {package} in tests/go/upstream/{module}"))?;
+            check_output(
+                self.go_build(&src, ldflags)
+                    .arg("-o")
+                    .arg(work.join(name))
+                    .arg(package),
+            )
+            .with_context(|| format!("cannot build {package} in tests/go/upstream/{module}"))?;
             std::fs::remove_dir_all(&src)?;
             Ok(())
         })?;
@@ -216,6 +247,7 @@ impl Toolchain {
         let module = crate::workspace_root().join("tests/go");
         let mut key = Key::new();
         key.part("go", &self.version)
+            .part("flags", build_flags_key())
             .part("go.mod", read(&module.join("go.mod"))?)
             .part("go.sum", read(&module.join("go.sum"))?);
         let entry = tool_cache::dir()
@@ -226,8 +258,8 @@ impl Toolchain {
             copy_module(&module, &src)?;
             for (name, package) in PLUGINS {
                 check_output(
-                    self.command(&src)
-                        .args(["build", "-trimpath", "-o"])
+                    self.go_build(&src, "")
+                        .arg("-o")
                         .arg(work.join(name))
                         .arg(package),
                 )

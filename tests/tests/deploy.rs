@@ -459,6 +459,17 @@ fn image_builds_offline_with_buildah_and_runs_fnrun_as_non_root() {
             // Offline: the build must not need a registry or the network.
             .env("BUILDAH_ISOLATION", "chroot")
             .env("CARGO_NET_OFFLINE", "true")
+            // The Dockerfile, the build context and the image are the
+            // release's; the binary is unoptimized. A static release build
+            // from nothing took most of this test's 21 minutes on a fresh
+            // machine (docs/testing.md).
+            .env(
+                "FNRUN_CARGO_PROFILE",
+                std::env::var("FNRUN_IMAGE_PROFILE").unwrap_or_else(|_| "dev".into()),
+            )
+            // Built once per target dir: incremental state would be written
+            // and never read.
+            .env("CARGO_INCREMENTAL", "0")
             .env_remove("RUSTFLAGS"),
     )
     .expect("run scripts/build-image");
