@@ -65,9 +65,9 @@ pub use crate::limits::{Enforcement, LimitSupport};
 pub use crate::mounts::{BindMount, MAX_MOUNTS, MountError, QuotedPath, RESERVED_TARGETS};
 pub use crate::overlay::OverlayMount;
 pub use crate::process::Status;
-pub use crate::run::{Outcome, PreparedRun};
+pub use crate::run::{ForCall, Outcome, Prepared, PreparedRun};
 pub use crate::sandbox::Sandbox;
-pub use crate::service::{ExitWatch, Service, ServiceExit};
+pub use crate::service::{ExitWatch, ForService, PreparedService, Service, ServiceExit};
 pub use crate::spec::{DEFAULT_PATH, HostUser, Limits, Network, RunSpec};
 
 /// Serves as the sandbox's spawner process if this process was started as one

@@ -202,6 +202,12 @@ impl InitGuard {
         self.pid
     }
 
+    /// The run's memory at its highest so far, as its cgroup counts it;
+    /// `None` without a cgroup or a memory controller.
+    pub fn peak_memory(&self) -> Option<u64> {
+        self.cgroup.as_ref()?.usage().peak_memory_bytes
+    }
+
     /// Resolves when init has exited (its pidfd turns readable).
     pub fn exited(&self) -> impl Future<Output = std::io::Result<()>> + use<> {
         let fd = self.pidfd.as_ref().map(|fd| fd.try_clone());

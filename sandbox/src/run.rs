@@ -10,8 +10,10 @@
 //! and the function drops every privilege and installs the seccomp filter
 //! before its exec exactly as in any run. [`Sandbox::run`] is the two in a
 //! row. A [`PreparedRun`] serves one call; dropping it unused kills its init
-//! and removes its cgroup, as for any abandoned run.
+//! and removes its cgroup, as for any abandoned run. A service run is made
+//! ahead the same way ([`Sandbox::prepare_service`]).
 
+use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -37,34 +39,53 @@ pub struct Outcome {
     pub cpu_time: Option<Duration>,
 }
 
-/// A sandbox made ahead of its call by [`Sandbox::prepare`]: init in its
-/// namespaces, cgroup and id maps, building (or done building) the root,
-/// waiting for [`Sandbox::run_prepared`]. Serves one call. Dropped unused,
-/// it kills its init (and with it the whole sandbox) and removes its cgroup.
-pub struct PreparedRun {
-    started: process::Started,
+/// A sandbox made ahead of its use: init in its namespaces, cgroup and id
+/// maps, building (or done building) the root, waiting for the go. Serves
+/// one run. Dropped unused, it kills its init (and with it the whole
+/// sandbox) and removes its cgroup. `K` says what it was made for:
+/// [`PreparedRun`] ([`Sandbox::prepare`], for [`Sandbox::run_prepared`]) or
+/// [`crate::PreparedService`] ([`Sandbox::prepare_service`], for
+/// [`Sandbox::start_prepared_service`]).
+pub struct Prepared<K> {
+    pub(crate) started: process::Started,
     /// Init reported that its root is built.
     ready: bool,
+    kind: PhantomData<fn() -> K>,
 }
 
-impl std::fmt::Debug for PreparedRun {
+/// What a [`PreparedRun`] is for: a per-call run.
+#[derive(Debug)]
+pub enum ForCall {}
+
+/// A sandbox made ahead of its call by [`Sandbox::prepare`].
+pub type PreparedRun = Prepared<ForCall>;
+
+impl<K> std::fmt::Debug for Prepared<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PreparedRun")
+        f.debug_struct(std::any::type_name::<Self>())
             .field("init", &self.started.guard.pid())
             .field("ready", &self.ready)
             .finish_non_exhaustive()
     }
 }
 
-impl PreparedRun {
+impl<K> Prepared<K> {
+    pub(crate) fn new(started: process::Started) -> Prepared<K> {
+        Prepared {
+            started,
+            ready: false,
+            kind: PhantomData,
+        }
+    }
+
     /// The pid of its init, in this process's PID namespace.
     pub fn pid(&self) -> libc::pid_t {
         self.started.guard.pid()
     }
 
-    /// Waits until init has built the root and waits for the call. An error
+    /// Waits until init has built the root and waits for the go. An error
     /// when it could not (which step failed, with its errno) or died: such a
-    /// run is of no use, drop it.
+    /// sandbox is of no use, drop it.
     pub async fn ready(&mut self) -> Result<(), Error> {
         if self.ready {
             return Ok(());
@@ -89,8 +110,19 @@ impl PreparedRun {
         }
     }
 
-    /// Whether it can still take a call: init has not exited (it may have
-    /// been killed meanwhile, by the OOM killer or by hand).
+    /// What it holds in memory while it waits: its cgroup's peak (init's
+    /// pages and the kernel memory its namespaces, mounts and root took),
+    /// else (no cgroup, as for a rootless runner without a delegated one)
+    /// its init's proportional set size; `None` when neither can be read.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.started
+            .guard
+            .peak_memory()
+            .or_else(|| pss_bytes(self.pid()))
+    }
+
+    /// Whether it can still be used: init has not exited (it may have been
+    /// killed meanwhile, by the OOM killer or by hand).
     pub fn is_usable(&self) -> bool {
         !self.started.guard.has_exited()
     }
@@ -107,15 +139,26 @@ impl PreparedRun {
     }
 }
 
+/// The proportional set size of process `pid`, from `smaps_rollup`.
+fn pss_bytes(pid: libc::pid_t) -> Option<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kib: u64 = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
 impl Sandbox {
     /// Makes a sandbox for a run of `spec` ahead of its call (see
     /// [`PreparedRun`]). Returns once init is released; [`PreparedRun::ready`]
     /// waits for its root.
     pub fn prepare(&self, spec: &RunSpec) -> Result<PreparedRun, Error> {
-        Ok(PreparedRun {
-            started: self.start(spec, Kind::Call)?,
-            ready: false,
-        })
+        Ok(PreparedRun::new(self.start(spec, Kind::Call)?))
     }
 
     /// Runs `spec` with `input` on stdin, killing it (every process of it)

@@ -19,7 +19,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
@@ -30,6 +30,7 @@ use tokio::sync::{oneshot, watch};
 use crate::error::Error;
 use crate::init::{Report, sockets};
 use crate::process::{self, Kind};
+use crate::run::Prepared;
 use crate::stdio::Tail;
 use crate::{RunSpec, Sandbox, Status};
 
@@ -43,7 +44,8 @@ pub struct ServiceExit {
     pub stopped: bool,
     /// The last bytes of its stdout and stderr.
     pub output_tail: Vec<u8>,
-    /// From clone to the end of the run.
+    /// From the start (the clone, or the go of a prepared run) to the end of
+    /// the run.
     pub elapsed: Duration,
 }
 
@@ -60,13 +62,41 @@ pub struct Service {
     exit: watch::Receiver<Option<ServiceExit>>,
 }
 
+/// What a [`PreparedService`] is for: a service run.
+#[derive(Debug)]
+pub enum ForService {}
+
+/// A sandbox made ahead of a service run by [`Sandbox::prepare_service`]:
+/// everything but the server's process, which
+/// [`Sandbox::start_prepared_service`] starts.
+pub type PreparedService = Prepared<ForService>;
+
 impl Sandbox {
-    /// Starts `spec` as a service run. Call from a tokio runtime: the run's
-    /// output and its end are followed by tasks of it.
+    /// Starts `spec` as a service run: [`Sandbox::prepare_service`] and
+    /// [`Sandbox::start_prepared_service`] in a row. Call from a tokio
+    /// runtime: the run's output and its end are followed by tasks of it.
     pub fn start_service(&self, spec: &RunSpec) -> Result<Service, Error> {
-        let mut started = self.start(spec, Kind::Service)?;
-        // A service run is not prepared ahead: its init goes on at once.
+        self.start_prepared_service(self.prepare_service(spec)?)
+    }
+
+    /// Makes a sandbox for a service run of `spec` ahead of its start, as
+    /// [`Sandbox::prepare`] does for a call: the server's namespaces, id
+    /// maps, cgroup and root, with init waiting. Returns once init is
+    /// released; [`Prepared::ready`] waits for the root.
+    pub fn prepare_service(&self, spec: &RunSpec) -> Result<PreparedService, Error> {
+        Ok(PreparedService::new(self.start(spec, Kind::Service)?))
+    }
+
+    /// Starts the server of a prepared service run: init forks it, and it
+    /// drops every privilege and installs the seccomp filter before its exec
+    /// exactly as in any run. `prepared` must come from this sandbox. Call
+    /// from a tokio runtime. If init died meanwhile, the returned service
+    /// ends at once and says how ([`Service::exited`]).
+    pub fn start_prepared_service(&self, prepared: PreparedService) -> Result<Service, Error> {
+        let mut started = prepared.started;
         started.go();
+        // The run's time counts from its start, not from its sandbox's.
+        started.at = Instant::now();
         let process::Started {
             mut guard,
             ends,

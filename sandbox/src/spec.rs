@@ -45,7 +45,7 @@ pub struct Limits {
 }
 
 /// One run: the image's root and config, and what the caller asks of it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunSpec {
     /// Read-only layer directories, bottom to top.
     pub layers: Vec<PathBuf>,

@@ -51,6 +51,9 @@ async fn ready(fx: &Fixture, spec: &RunSpec) -> (PreparedRun, Held, Vec<PathBuf>
     let mut prepared = fx.sandbox.prepare(spec).unwrap();
     prepared.ready().await.unwrap();
     assert!(prepared.is_usable());
+    // What it holds is known, and small: one waiting init and its root.
+    let bytes = prepared.memory_bytes().expect("its memory can be read");
+    assert!((4096..(64 << 20)).contains(&bytes), "{bytes} bytes");
     let pid = prepared.pid();
     let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
     // Pivoted into its overlay root, with its own /proc.

@@ -240,8 +240,9 @@ const ROOTLESS_CHILD: &str = "FNRUN_SANDBOX_TEST_ROOTLESS_CHILD";
 
 /// A rootless runner cannot enter the run's network namespace (that needs
 /// CAP_SYS_ADMIN in its own user namespace too): the sockets init hands out
-/// are how it connects. The test runs this test binary again as `nobody`
-/// (uid 65534), where it takes the child's part.
+/// are how it connects. It makes sandboxes ahead too, for a call and for a
+/// service. The test runs this test binary again as `nobody` (uid 65534),
+/// where it takes the child's part.
 #[test]
 fn service_runs_work_for_a_rootless_runner() {
     if let Some(all) = super::rootless_part(
@@ -250,6 +251,7 @@ fn service_runs_work_for_a_rootless_runner() {
         rootless_child,
     ) {
         assert!(all.contains("rootless service echoed"), "{all}");
+        assert!(all.contains("rootless prepared runs served"), "{all}");
     }
 }
 
@@ -278,5 +280,100 @@ fn rootless_child() {
             assert!(exit.stopped);
             assert!(!alive(init));
             println!("rootless service echoed");
+
+            // Made ahead, as the runner's pool and the function host's
+            // spares make them, by a rootless runner.
+            let mut prepared = fx.sandbox.prepare(&fx.spec("cat; id -u")).unwrap();
+            prepared.ready().await.unwrap();
+            assert!(
+                prepared.memory_bytes().is_some_and(|b| b > 0),
+                "a rootless runner reads its prepared sandbox's memory too"
+            );
+            let out = fx
+                .sandbox
+                .run_prepared(prepared, b"in\n", TIMEOUT)
+                .await
+                .unwrap();
+            assert_eq!(text(&out.stdout), "in\n0\n", "{}", text(&out.stderr_tail));
+            let mut prepared = fx.sandbox.prepare_service(&echo_server(&fx, port)).unwrap();
+            prepared.ready().await.unwrap();
+            let service = fx.sandbox.start_prepared_service(prepared).unwrap();
+            let stream = connect_when_ready(&service, port).await;
+            assert_eq!(echo(stream, "prepared").await, "prepared");
+            let init = service.pid();
+            assert!(service.stop().await.stopped);
+            assert!(!alive(init));
+            println!("rootless prepared runs served");
         });
+}
+
+#[tokio::test]
+async fn a_prepared_service_starts_when_asked_confined_as_any_run() {
+    let fx = Fixture::new();
+    let port = service_port();
+    let spec = fx.spec(&format!(
+        "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; \
+         echo listening on {port}; exec nc -ll -p {port} -e cat"
+    ));
+    let mut prepared = fx.sandbox.prepare_service(&spec).unwrap();
+    prepared.ready().await.unwrap();
+    let init = prepared.pid();
+    // Nothing of the server exists before its start: init, alive, has no
+    // child, and nothing listens in its namespace.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(alive(init));
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap();
+    assert_eq!(children, "", "init forked the server before its start");
+    let made = Instant::now();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let service = fx.sandbox.start_prepared_service(prepared).unwrap();
+    assert_eq!(service.pid(), init);
+    let stream = connect_when_ready(&service, port).await;
+    assert_eq!(echo(stream, "hello").await, "hello");
+    let out = text(&service.output_tail());
+    for (key, value) in [
+        ("CapEff", "0000000000000000"),
+        ("CapBnd", "0000000000000000"),
+        ("NoNewPrivs", "1"),
+        ("Seccomp", "2"),
+    ] {
+        assert_eq!(status_fields(&out, &[key]), [(key, value)], "{out}");
+    }
+    let exit = service.stop().await;
+    assert!(exit.stopped, "{exit:?}");
+    // Its time counts from its start, not from its sandbox's making.
+    assert!(exit.elapsed < made.elapsed(), "{exit:?}");
+    assert!(!alive(init), "init {init} outlived the stop");
+
+    // Dropped unused, it leaves nothing (the fixture's drop checks the
+    // cgroups).
+    let mut prepared = fx.sandbox.prepare_service(&spec).unwrap();
+    prepared.ready().await.unwrap();
+    let init = prepared.pid();
+    drop(prepared);
+    assert!(!alive(init), "init {init} outlived its prepared service");
+
+    // One whose init died meanwhile ends at once when started, and says so.
+    let mut prepared = fx.sandbox.prepare_service(&spec).unwrap();
+    prepared.ready().await.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(prepared.pid()),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while prepared.is_usable() {
+        assert!(
+            Instant::now() < deadline,
+            "a killed init still counts as usable"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let service = fx.sandbox.start_prepared_service(prepared).unwrap();
+    let exit = tokio::time::timeout(TIMEOUT, service.exited())
+        .await
+        .expect("a service of a dead init ends at once");
+    assert!(!exit.stopped, "{exit:?}");
+    assert!(!matches!(exit.status, Ok(Status::Exited(0))), "{exit:?}");
 }
