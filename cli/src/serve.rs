@@ -98,6 +98,12 @@ pub struct ServeArgs {
     /// once the pool has let go of it.
     #[arg(long, value_name = "N", default_value_t = crate::serve::DEFAULT_SANDBOX_POOL)]
     pub sandbox_pool: usize,
+    /// Memory the sandboxes made ahead may hold between them (each is
+    /// measured once made: its cgroup's peak, else its init's PSS; about
+    /// 1 MiB): none is made beyond it. Default: only --sandbox-pool bounds
+    /// them.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub sandbox_pool_memory: Option<u64>,
     /// Pull these images into the cache at start, unless cached (for Porch's
     /// functions, say). A failed prefetch is a warning; the daemon serves
     /// meanwhile.
@@ -154,12 +160,13 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     let runner = crate::config::build_runner(&args.cache, &args.sandbox, admission)?
         .with_allowed_registries(args.allowed_registries.clone())
         .with_cache_max_size(args.cache_max_size)
-        .with_sandbox_pool(args.sandbox_pool);
+        .with_sandbox_pool(args.sandbox_pool, args.sandbox_pool_memory);
     tracing::info!(
         cache = %runner.cache().root().display(),
         max_concurrency = admission.max_concurrency,
         max_queue = admission.max_queue,
         sandbox_pool = args.sandbox_pool,
+        sandbox_pool_memory = args.sandbox_pool_memory,
         "fnrun {} starting",
         crate::support::VERSION
     );

@@ -78,8 +78,12 @@ pub struct Metrics {
     pub cache_misses: AtomicU64,
     pub in_flight: AtomicI64,
     pub queued: AtomicI64,
-    /// Sandboxes made ahead of their calls, ready or in the making.
+    /// Sandboxes made ahead of their calls, ready or in the making, and the
+    /// function host's spares ([`crate::pool::Place`]).
     pub pool_sandboxes: AtomicI64,
+    /// Memory the pool's sandboxes hold (measured once ready, estimated
+    /// while made).
+    pub pool_memory_bytes: AtomicI64,
     /// Calls that ran on a sandbox of the pool.
     pub pool_hits: AtomicU64,
     /// Calls of a kind the pool serves that found none ready.
@@ -176,8 +180,14 @@ impl Metrics {
         gauge(
             &mut out,
             "fnrun_sandbox_pool_sandboxes",
-            "Sandboxes made ahead of their calls (--sandbox-pool), ready or in the making.",
+            "Sandboxes made ahead of their calls or of function servers' starts (--sandbox-pool), ready or in the making.",
             self.pool_sandboxes.load(Relaxed),
+        );
+        gauge(
+            &mut out,
+            "fnrun_sandbox_pool_memory_bytes",
+            "Memory the sandboxes made ahead hold: each measured once ready (its cgroup's peak, else its init's PSS), estimated while made.",
+            self.pool_memory_bytes.load(Relaxed),
         );
         counter(
             &mut out,
@@ -245,6 +255,7 @@ mod tests {
         m.in_flight.fetch_add(1, Relaxed);
         m.queued.fetch_add(2, Relaxed);
         m.pool_sandboxes.fetch_add(3, Relaxed);
+        m.pool_memory_bytes.fetch_add(3 << 20, Relaxed);
         m.pool_hits.fetch_add(1, Relaxed);
         m.pool_misses.fetch_add(1, Relaxed);
         let after = m.render(1234);
@@ -262,6 +273,7 @@ mod tests {
             "fnrun_runs_in_flight",
             "fnrun_queue_depth",
             "fnrun_sandbox_pool_sandboxes",
+            "fnrun_sandbox_pool_memory_bytes",
             "fnrun_sandbox_pool_hits_total",
             "fnrun_sandbox_pool_misses_total",
         ] {

@@ -23,6 +23,14 @@
 //!   [`PER_KIND`] and the operator's total bound. A kind not called for
 //!   [`IDLE`] has no target: its sandboxes are ended. An idle daemon holds
 //!   none.
+//! - **Places.** A sandbox made ahead by someone else (a function server's
+//!   spare in `fnrun_host`) takes a [`Place`] in the same bounds.
+//! - **Memory.** Each sandbox is measured once ready
+//!   ([`PreparedRun::memory_bytes`]: its cgroup's peak, else its init's
+//!   PSS); the pool counts what those it holds were measured to hold, and
+//!   an estimate (the average of the last measures) for those in the
+//!   making. With a budget (`--sandbox-pool-memory`), no sandbox is made
+//!   beyond it. `fnrun_sandbox_pool_memory_bytes` reports the count.
 //! - **Leases.** Each pooled sandbox holds the image's cache lease (shared
 //!   with the call that asked for it), so no prune removes layers that its
 //!   overlay root stands on. When the pool ends the last sandbox that holds
@@ -53,6 +61,8 @@ const WINDOW: Duration = Duration::from_secs(2);
 const BACKOFF: Duration = Duration::from_secs(1);
 /// How often the pool looks for idle kinds while it holds sandboxes.
 const SWEEP: Duration = Duration::from_secs(1);
+/// What a sandbox is taken to hold in memory before one has been measured.
+const FIRST_ESTIMATE: u64 = 1 << 20;
 
 /// What makes two runs interchangeable: everything of their [`RunSpec`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -92,6 +102,8 @@ impl Key {
 struct Entry {
     run: PreparedRun,
     _lease: Option<Arc<Lease>>,
+    /// What it holds in memory, as counted in [`State::bytes`].
+    bytes: u64,
 }
 
 /// One kind's sandboxes and calls.
@@ -179,11 +191,45 @@ struct State {
     sweeping: bool,
     /// How long a sandbox takes to make (moving average), for the targets.
     make_time: Option<Duration>,
+    /// Memory of the sandboxes held: measured for those ready, estimated
+    /// for those in the making.
+    bytes: u64,
+    /// What one sandbox holds (moving average of those measured).
+    estimate: Option<u64>,
+}
+
+impl State {
+    fn estimate(&self) -> u64 {
+        self.estimate.unwrap_or(FIRST_ESTIMATE).max(1)
+    }
+
+    /// How many more sandboxes the bounds leave room for.
+    fn room(&self, max_total: usize, max_bytes: Option<u64>) -> usize {
+        let by_count = max_total.saturating_sub(self.total);
+        let by_bytes = max_bytes.map_or(usize::MAX, |max| {
+            usize::try_from(max.saturating_sub(self.bytes) / self.estimate()).unwrap_or(usize::MAX)
+        });
+        by_count.min(by_bytes)
+    }
+
+    /// Takes a sandbox's measured memory into the average.
+    fn measured(&mut self, bytes: u64) {
+        let average = *self.estimate.get_or_insert(bytes);
+        self.estimate = Some((average.saturating_mul(7).saturating_add(bytes)) / 8);
+    }
+
+    /// Lets go of `n` sandboxes holding `bytes` between them.
+    fn remove(&mut self, n: usize, bytes: u64) {
+        self.total = self.total.saturating_sub(n);
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
 }
 
 struct Inner {
     sandbox: Arc<Sandbox>,
     max_total: usize,
+    /// The operator's memory budget for the pool.
+    max_bytes: Option<u64>,
     per_kind: usize,
     state: Mutex<State>,
     metrics: Arc<Metrics>,
@@ -228,6 +274,9 @@ impl Inner {
         self.metrics
             .pool_sandboxes
             .store(i64::try_from(state.total).unwrap_or(i64::MAX), Relaxed);
+        self.metrics
+            .pool_memory_bytes
+            .store(i64::try_from(state.bytes).unwrap_or(i64::MAX), Relaxed);
     }
 
     /// Lets go of a sandbox's hold on its image's lease; if it was the last
@@ -244,13 +293,20 @@ impl Inner {
 
 impl Pool {
     /// A pool of at most `max_total` sandboxes over every kind (at least 1),
+    /// holding at most `max_bytes` of memory between them if that is set,
     /// made by `sandbox`.
-    pub fn new(sandbox: Arc<Sandbox>, max_total: usize, metrics: Arc<Metrics>) -> Pool {
+    pub fn new(
+        sandbox: Arc<Sandbox>,
+        max_total: usize,
+        max_bytes: Option<u64>,
+        metrics: Arc<Metrics>,
+    ) -> Pool {
         let max_total = max_total.max(1);
         Pool {
             inner: Arc::new(Inner {
                 sandbox,
                 max_total,
+                max_bytes,
                 per_kind: PER_KIND.min(max_total),
                 state: Mutex::new(State::default()),
                 metrics,
@@ -285,7 +341,7 @@ impl Pool {
         // that makes its own does not queue behind the pool's at the
         // spawner. The call's own lease lives until its run is over.
         let (run, _its_lease) = match taken {
-            Some(Entry { run, _lease }) => {
+            Some(Entry { run, _lease, .. }) => {
                 self.inner.metrics.pool_hits.fetch_add(1, Relaxed);
                 (run, _lease)
             }
@@ -327,7 +383,8 @@ impl Pool {
                 unusable.push(entry);
             }
             let gone = unusable.len() + usize::from(taken.is_some());
-            state.total -= gone;
+            let bytes = unusable.iter().chain(&taken).map(|e| e.bytes).sum();
+            state.remove(gone, bytes);
             self.inner.set_gauge(&state);
             taken
         };
@@ -348,10 +405,11 @@ impl Pool {
     /// Starts making sandboxes of `key` up to its target, in the background.
     fn refill(&self, key: &Key, spec: &RunSpec, lease: Option<Arc<Lease>>) {
         let now = Instant::now();
-        let wanted = {
+        let (wanted, estimate) = {
             let mut state = self.inner.lock();
             let make_time = state.make_time.unwrap_or(Duration::from_millis(5));
-            let room = self.inner.max_total.saturating_sub(state.total);
+            let room = state.room(self.inner.max_total, self.inner.max_bytes);
+            let estimate = state.estimate();
             let per_kind = self.inner.per_kind;
             let Some(kind) = state.kinds.get_mut(key) else {
                 return;
@@ -362,8 +420,10 @@ impl Pool {
                 .min(room);
             kind.making += wanted;
             state.total += wanted;
+            let reserved = estimate.saturating_mul(u64::try_from(wanted).unwrap_or(u64::MAX));
+            state.bytes = state.bytes.saturating_add(reserved);
             self.inner.set_gauge(&state);
-            wanted
+            (wanted, estimate)
         };
         if wanted == 0 {
             return;
@@ -372,14 +432,78 @@ impl Pool {
         for _ in 0..wanted {
             let (inner, key, spec, lease) =
                 (self.inner.clone(), key.clone(), spec.clone(), lease.clone());
-            tokio::spawn(async move { make(&inner, &key, &spec, lease).await });
+            tokio::spawn(async move { make(&inner, &key, &spec, lease, estimate).await });
         }
     }
 }
 
-/// Makes one sandbox of `key` (counted in its `making` already) and puts it
-/// in the pool once its root is built, unless the kind no longer wants it.
-async fn make(inner: &Arc<Inner>, key: &Key, spec: &RunSpec, lease: Option<Arc<Lease>>) {
+/// A place in the pool's bounds for a sandbox the pool does not keep itself
+/// (a function server's spare, which `fnrun_host` makes): counted in the
+/// total of `--sandbox-pool`, in the memory budget and in the pool's gauges
+/// until dropped.
+pub struct Place {
+    inner: Arc<Inner>,
+    /// Counted in [`State::bytes`]: the estimate, then what was measured.
+    bytes: u64,
+}
+
+impl std::fmt::Debug for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Place")
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Place {
+    /// Counts what its sandbox was measured to hold instead of the
+    /// estimate it was given.
+    pub fn measured(&mut self, bytes: u64) {
+        let mut state = self.inner.lock();
+        state.measured(bytes);
+        state.bytes = state.bytes.saturating_sub(self.bytes).saturating_add(bytes);
+        self.bytes = bytes;
+        self.inner.set_gauge(&state);
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut state = self.inner.lock();
+        state.remove(1, self.bytes);
+        self.inner.set_gauge(&state);
+    }
+}
+
+impl Pool {
+    /// A place for one sandbox made ahead outside the pool's kinds, if the
+    /// bounds have room for it.
+    pub fn place(&self) -> Option<Place> {
+        let mut state = self.inner.lock();
+        if state.room(self.inner.max_total, self.inner.max_bytes) == 0 {
+            return None;
+        }
+        let bytes = state.estimate();
+        state.total += 1;
+        state.bytes = state.bytes.saturating_add(bytes);
+        self.inner.set_gauge(&state);
+        Some(Place {
+            inner: self.inner.clone(),
+            bytes,
+        })
+    }
+}
+
+/// Makes one sandbox of `key` (counted in its `making` already, with
+/// `reserved` bytes) and puts it in the pool once its root is built, with
+/// its memory measured, unless the kind no longer wants it.
+async fn make(
+    inner: &Arc<Inner>,
+    key: &Key,
+    spec: &RunSpec,
+    lease: Option<Arc<Lease>>,
+    reserved: u64,
+) {
     let started = Instant::now();
     let made = match inner.sandbox.prepare(spec) {
         Ok(mut run) => match run.ready().await {
@@ -399,13 +523,24 @@ async fn make(inner: &Arc<Inner>, key: &Key, spec: &RunSpec, lease: Option<Arc<L
         let make_time = (average * 7 + took) / 8;
         state.make_time = Some(make_time);
         let per_kind = inner.per_kind;
+        let bytes = made.as_ref().ok().and_then(PreparedRun::memory_bytes);
+        if let Some(bytes) = bytes {
+            state.measured(bytes);
+        }
         // The kind may have been swept and made anew meanwhile, without
         // this sandbox in its count.
         match (made, state.kinds.get_mut(key)) {
             (Ok(run), Some(kind)) => {
                 kind.making = kind.making.saturating_sub(1);
                 if kind.held() < kind.target(now, make_time, per_kind) {
-                    kind.ready.push(Entry { run, _lease: lease });
+                    let bytes = bytes.unwrap_or(reserved);
+                    kind.ready.push(Entry {
+                        run,
+                        _lease: lease,
+                        bytes,
+                    });
+                    state.bytes = state.bytes.saturating_sub(reserved).saturating_add(bytes);
+                    inner.set_gauge(&state);
                     return;
                 }
                 Some(run)
@@ -425,7 +560,7 @@ async fn make(inner: &Arc<Inner>, key: &Key, spec: &RunSpec, lease: Option<Arc<L
     // Not in the pool after all.
     {
         let mut state = inner.lock();
-        state.total -= 1;
+        state.remove(1, reserved);
         inner.set_gauge(&state);
     }
     if let Some(run) = unwanted {
@@ -462,7 +597,8 @@ async fn sweep(inner: Weak<Inner>) {
                 ended.append(&mut kind.ready);
                 false
             });
-            state.total -= ended.len();
+            let bytes = ended.iter().map(|e| e.bytes).sum();
+            state.remove(ended.len(), bytes);
             inner.set_gauge(&state);
             let done = state.kinds.is_empty();
             if done {
@@ -515,6 +651,72 @@ mod tests {
         kind.peak = 30;
         assert_eq!(kind.target(t0, MAKE, PER_KIND), PER_KIND);
         assert_eq!(kind.target(t0, MAKE, 2), 2);
+    }
+
+    #[test]
+    fn places_count_in_the_bound_until_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = fnrun_sandbox::SandboxConfig::new(
+            dir.path().join("scratch"),
+            fnrun_sandbox::IdMap::detect(0, 0),
+        );
+        // Nothing is run: no cgroup is touched, no spawner started.
+        config.cgroup.enabled = false;
+        config.spawner = false;
+        let sandbox = Arc::new(Sandbox::new(config).unwrap());
+        let metrics = Arc::new(Metrics::default());
+        let pool = Pool::new(sandbox.clone(), 2, None, metrics.clone());
+        let a = pool.place().expect("room for one");
+        let b = pool.place().expect("room for two");
+        assert!(pool.place().is_none(), "the bound holds");
+        assert_eq!(metrics.pool_sandboxes.load(Relaxed), 2);
+        let estimate = i64::try_from(FIRST_ESTIMATE).unwrap();
+        assert_eq!(metrics.pool_memory_bytes.load(Relaxed), 2 * estimate);
+        drop(a);
+        assert_eq!(metrics.pool_sandboxes.load(Relaxed), 1);
+        let c = pool.place().expect("room again");
+        drop((b, c));
+        assert_eq!(metrics.pool_sandboxes.load(Relaxed), 0);
+        assert_eq!(metrics.pool_memory_bytes.load(Relaxed), 0);
+        assert_eq!(pool.inner.lock().total, 0);
+
+        // A memory budget bounds them too, by what they were measured to
+        // hold once they were.
+        let metrics = Arc::new(Metrics::default());
+        let pool = Pool::new(sandbox, 8, Some(3 << 20), metrics.clone());
+        let mut a = pool.place().expect("1 MiB estimated");
+        let b = pool.place().expect("2 MiB estimated");
+        a.measured(512 << 10);
+        assert_eq!(
+            metrics.pool_memory_bytes.load(Relaxed),
+            (512 << 10) + estimate
+        );
+        // The first measure is the estimate from then on: 1.5 MiB counted,
+        // room for three more of 0.5 MiB in the 3 MiB.
+        assert_eq!(pool.inner.lock().estimate(), 512 << 10);
+        let more: Vec<Place> = std::iter::from_fn(|| pool.place()).take(8).collect();
+        assert_eq!(more.len(), 3, "the budget holds");
+        assert_eq!(metrics.pool_memory_bytes.load(Relaxed), 3 << 20);
+        drop((a, b, more));
+        assert_eq!(metrics.pool_memory_bytes.load(Relaxed), 0);
+        assert_eq!(pool.inner.lock().total, 0);
+    }
+
+    #[test]
+    fn room_is_the_tighter_of_count_and_budget() {
+        let mut state = State::default();
+        assert_eq!(state.room(8, None), 8);
+        assert_eq!(state.room(8, Some(3 << 20)), 3);
+        state.total = 2;
+        state.bytes = 2 << 20;
+        assert_eq!(state.room(8, Some(3 << 20)), 1);
+        state.estimate = Some(256 << 10);
+        assert_eq!(state.room(8, Some(3 << 20)), 4);
+        assert_eq!(state.room(3, Some(3 << 20)), 1);
+        state.bytes = 4 << 20;
+        assert_eq!(state.room(8, Some(3 << 20)), 0);
+        state.remove(2, 8 << 20);
+        assert_eq!((state.total, state.bytes), (0, 0));
     }
 
     #[test]

@@ -195,11 +195,18 @@ impl Runner {
     }
 
     /// Makes sandboxes ahead of calls, at most `max_sandboxes` at a time
-    /// over every kind of run (see [`crate::pool`]); 0: none, every call
-    /// makes its own (the default).
-    pub fn with_sandbox_pool(mut self, max_sandboxes: usize) -> Self {
-        self.pool = (max_sandboxes > 0)
-            .then(|| Pool::new(self.sandbox.clone(), max_sandboxes, self.metrics.clone()));
+    /// over every kind of run, holding at most `max_bytes` of memory between
+    /// them if that is set (see [`crate::pool`]); 0: none, every call makes
+    /// its own (the default).
+    pub fn with_sandbox_pool(mut self, max_sandboxes: usize, max_bytes: Option<u64>) -> Self {
+        self.pool = (max_sandboxes > 0).then(|| {
+            Pool::new(
+                self.sandbox.clone(),
+                max_sandboxes,
+                max_bytes,
+                self.metrics.clone(),
+            )
+        });
         self.prune_when_the_pool_lets_go();
         self
     }
@@ -227,6 +234,19 @@ impl Runner {
             let pruner = pruner.clone();
             pool.on_lease_ended(move || pruner.request());
         }
+    }
+
+    /// A place in the `--sandbox-pool` bound for a sandbox made ahead
+    /// outside the pool (a function server's spare); `None` without a pool
+    /// or when it is full.
+    pub fn sandbox_place(&self) -> Option<crate::pool::Place> {
+        self.pool.as_ref().and_then(Pool::place)
+    }
+
+    /// Has the cache pruned to `--cache-max-size` soon, if one is set: for a
+    /// holder of an image's lease that just let go of it.
+    pub fn lease_released(&self) {
+        self.maybe_prune();
     }
 
     /// Has the cache pruned to `--cache-max-size`, if one is set.
