@@ -124,7 +124,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:9443")]
     pub listen: String,
     /// Stop the server after this long without a call (0: never); the next
-    /// call starts it again.
+    /// call starts it again, in a sandbox made ahead when the server
+    /// stopped (kept for as long again, 10s at least).
     #[arg(long, default_value = "0", value_parser = fnrun_api::duration::parse)]
     pub idle_timeout: Duration,
     /// A call's deadline when the caller sets none.
@@ -261,8 +262,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let idle = (!args.idle_timeout.is_zero()).then_some(args.idle_timeout);
     let def = definition(&args.image, &args.options, idle, args.timeout)?;
     let addr: ListenAddr = args.listen.parse().context("--listen")?;
+    // A pool of one: the place of the function's spare sandbox, made when
+    // its server stops for idleness (`fnrun_host`'s function module).
     let runner =
-        crate::config::build_runner(&args.options.cache, &args.options.sandbox, admission())?;
+        crate::config::build_runner(&args.options.cache, &args.options.sandbox, admission())?
+            .with_sandbox_pool(1, None);
     runtime()?.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;

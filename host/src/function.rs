@@ -9,6 +9,13 @@
 //!    +-- next call, after a backoff once failures repeat (1s, 2s, ... 30s)
 //! ```
 //!
+//! An instance stopped for idleness leaves a spare behind (when the
+//! daemon's sandbox pool has room): a sandbox made ahead for the next
+//! instance ([`instance::Spare`]), which that instance's start takes, so
+//! that a cold start costs about the server's own start. A spare not taken
+//! within another `idleTimeout` (10 s at least), or whose function is
+//! retired, is ended.
+//!
 //! Every call that finds the function starting waits for the same start
 //! (single flight); the start runs in its own task, so a caller that gives up
 //! does not abandon it. A supervisor task per instance watches its end, its
@@ -30,9 +37,11 @@ use tonic::metadata::MetadataMap;
 
 use super::catalogue::{FunctionDef, Mode};
 use super::error::{CallError, HostError, Phase};
-use super::instance::{self, Api, Instance};
+use super::instance::{self, Api, Instance, Spare};
 use crate::context::Context;
+use fnrun_cache::Lease;
 use fnrun_core::error::RunError;
+use fnrun_sandbox::RunSpec;
 
 /// A function's instance ran this long: its failures are forgotten.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
@@ -76,6 +85,8 @@ struct Inner {
     failures: u32,
     /// After repeated failures: no start before this, and the last failure.
     retry: Option<(Instant, Arc<HostError>)>,
+    /// A sandbox made ahead for the next instance, while stopped.
+    spare: Option<Spare>,
 }
 
 pub struct Function {
@@ -121,6 +132,7 @@ impl Function {
                 retired: false,
                 failures: 0,
                 retry: None,
+                spare: None,
             }),
             changed: Notify::new(),
         })
@@ -134,8 +146,78 @@ impl Function {
 
     /// Stops the instance once no call is in flight, and any later one too.
     pub fn retire(&self) {
-        self.lock().retired = true;
+        let spare = {
+            let mut inner = self.lock();
+            inner.retired = true;
+            inner.spare.take()
+        };
         self.changed.notify_one();
+        self.end_spare(spare);
+    }
+
+    /// Ends a spare off the caller's path (or on it, outside a runtime:
+    /// dropped, it kills its init and waits for it).
+    fn end_spare(&self, spare: Option<Spare>) {
+        let Some(spare) = spare else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let runner = self.ctx.runner.clone();
+                runtime.spawn(async move { spare.end(&runner).await });
+            }
+            Err(_) => drop(spare),
+        }
+    }
+
+    /// Makes a spare for the next instance from what the stopped one ran,
+    /// and keeps it while the function stays stopped, for at most its
+    /// `idleTimeout` again, and at least as long as the sandbox pool keeps
+    /// the sandboxes of a kind of run not called ([`fnrun_core::pool::IDLE`]).
+    async fn make_spare(self: Arc<Self>, spec: Arc<RunSpec>, lease: Option<Arc<Lease>>) {
+        let Some(idle) = self.def.idle_timeout else {
+            return;
+        };
+        let keep = idle.max(fnrun_core::pool::IDLE);
+        let Some(spare) = Spare::make(&self.ctx.runner, spec, lease).await else {
+            return;
+        };
+        let (made, made_by) = (spare.made, spare.pid());
+        let unwanted = {
+            let mut inner = self.lock();
+            if matches!(inner.state, State::Stopped) && !inner.retired && inner.spare.is_none() {
+                inner.spare = Some(spare);
+                None
+            } else {
+                Some(spare)
+            }
+        };
+        if unwanted.is_some() {
+            self.end_spare(unwanted);
+            return;
+        }
+        tracing::info!(
+            function = self.def.name,
+            init = made_by,
+            "function server's sandbox made ahead"
+        );
+        tokio::time::sleep(keep).await;
+        let expired = {
+            let mut inner = self.lock();
+            if inner.spare.as_ref().is_some_and(|s| s.made == made) {
+                inner.spare.take()
+            } else {
+                None
+            }
+        };
+        if expired.is_some() {
+            tracing::info!(
+                function = self.def.name,
+                init = made_by,
+                "function server's sandbox ended unused"
+            );
+        }
+        self.end_spare(expired);
     }
 
     /// Whether an instance is running or starting.
@@ -304,7 +386,8 @@ impl Function {
                             });
                         }
                     }
-                    let wait = self.spawn_start(report);
+                    let spare = inner.spare.take();
+                    let wait = self.spawn_start(report, spare);
                     inner.state = State::Starting(wait.clone());
                     wait
                 }
@@ -324,12 +407,12 @@ impl Function {
 
     /// Starts an instance in a task of its own; its result is shared by
     /// every caller waiting for it.
-    fn spawn_start(self: &Arc<Self>, report: Report) -> StartWait {
+    fn spawn_start(self: &Arc<Self>, report: Report, spare: Option<Spare>) -> StartWait {
         let (tx, rx) = oneshot::channel();
         let this = self.clone();
         let id = self.ctx.next_instance_id();
         tokio::spawn(async move {
-            let result = Instance::start(&this.ctx.runner, &this.def, id).await;
+            let result = Instance::start(&this.ctx.runner, &this.def, id, spare).await;
             let _ = tx.send(this.started(result, report));
         });
         rx.shared()
@@ -346,12 +429,16 @@ impl Function {
             Ok((instance, took)) => {
                 let instance = Arc::new(instance);
                 metrics.cold_starts.fetch_add(1, Ordering::Relaxed);
+                if instance.from_spare {
+                    metrics.spare_starts.fetch_add(1, Ordering::Relaxed);
+                }
                 metrics.instances.fetch_add(1, Ordering::Relaxed);
                 metrics.start_duration.observe(took);
                 tracing::info!(
                     function = self.def.name,
                     instance = instance.id,
                     pid = instance.pid(),
+                    from_spare = instance.from_spare,
                     ready_ms = crate::context::millis(took),
                     "function server ready"
                 );
@@ -426,6 +513,8 @@ impl Function {
                 () = idle => {
                     if self.take_if_idle(&instance) {
                         let (id, pid) = (instance.id, instance.pid());
+                        let retired = self.lock().retired;
+                        let next = (!retired).then(|| instance.spare_parts());
                         // The last holder of the instance drops its service,
                         // which stops the run.
                         drop(instance);
@@ -445,6 +534,9 @@ impl Function {
                                 pid,
                                 "function server stopped, but not yet cleaned up after {STOP_GRACE:?}"
                             ),
+                        }
+                        if let Some((spec, lease)) = next {
+                            self.clone().make_spare(spec, lease).await;
                         }
                         return;
                     }

@@ -4,6 +4,11 @@
 //! ready when its own port, `127.0.0.1:9443` inside its network namespace,
 //! answers gRPC. Calls reach it over one HTTP/2 connection
 //! ([`Upstream`]); no port is published on the node.
+//!
+//! A start may take a [`Spare`]: a sandbox made ahead for the same run spec
+//! (after the function's last instance stopped for idleness), so that the
+//! start costs about the server's own start. A spare that no longer fits
+//! (another image, other options) is ended and the start makes its own.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fnrun_cache::Lease;
-use fnrun_sandbox::{ExitWatch, Service, ServiceExit, Status as RunStatus};
+use fnrun_core::pool::Place;
+use fnrun_sandbox::{
+    ExitWatch, PreparedService, RunSpec, Service, ServiceExit, Status as RunStatus,
+};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Response, Status};
 
@@ -88,7 +96,93 @@ pub struct Instance {
     /// other, so calls on it go to the other first.
     unimplemented: [AtomicBool; 2],
     pub started: Instant,
-    _lease: Option<Lease>,
+    /// It started in a spare made ahead.
+    pub from_spare: bool,
+    /// Its run spec and its image's lease, for a spare after it.
+    spec: Arc<RunSpec>,
+    lease: Option<Arc<Lease>>,
+}
+
+/// A sandbox made ahead for a function's next server: its init waits with
+/// the root built, holding a place in the `--sandbox-pool` bounds and its
+/// image's lease.
+pub struct Spare {
+    prepared: PreparedService,
+    spec: Arc<RunSpec>,
+    lease: Option<Arc<Lease>>,
+    _place: Place,
+    /// When it was made: which spare an expiry is for.
+    pub made: Instant,
+}
+
+impl std::fmt::Debug for Spare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spare")
+            .field("init", &self.prepared.pid())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Spare {
+    /// Makes a spare for `spec` (the spec of an instance that ran), if the
+    /// runner has a sandbox pool with room; `None` otherwise, or when it
+    /// cannot be made (the next start makes its own and says why).
+    pub async fn make(
+        runner: &Runner,
+        spec: Arc<RunSpec>,
+        lease: Option<Arc<Lease>>,
+    ) -> Option<Spare> {
+        let Some(mut place) = runner.sandbox_place() else {
+            if lease.and_then(Arc::into_inner).is_some() {
+                runner.lease_released();
+            }
+            return None;
+        };
+        let made = match runner.sandbox().prepare_service(&spec) {
+            Ok(mut prepared) => match prepared.ready().await {
+                Ok(()) => Ok(prepared),
+                Err(e) => {
+                    prepared.discard().await;
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
+        match made {
+            Ok(prepared) => {
+                if let Some(bytes) = prepared.memory_bytes() {
+                    place.measured(bytes);
+                }
+                Some(Spare {
+                    prepared,
+                    spec,
+                    lease,
+                    _place: place,
+                    made: Instant::now(),
+                })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot make a function server's sandbox ahead");
+                if lease.and_then(Arc::into_inner).is_some() {
+                    runner.lease_released();
+                }
+                None
+            }
+        }
+    }
+
+    /// The pid of its init.
+    pub fn pid(&self) -> libc::pid_t {
+        self.prepared.pid()
+    }
+
+    /// Ends it unused: its init and cgroup, then its place and lease.
+    pub async fn end(self, runner: &Runner) {
+        self.prepared.discard().await;
+        if self.lease.and_then(Arc::into_inner).is_some() {
+            runner.lease_released();
+        }
+    }
 }
 
 impl std::fmt::Debug for Instance {
@@ -109,9 +203,10 @@ impl Instance {
     /// Pulls (per the function's policy), starts and waits for the server.
     /// Returns the instance and how long the server took from start to ready.
     pub async fn start(
-        runner: &Runner,
+        runner: &Arc<Runner>,
         def: &FunctionDef,
         id: u64,
+        spare: Option<Spare>,
     ) -> Result<(Instance, Duration), HostError> {
         let failed = |error: RunError| HostError::StartFailed {
             function: def.name.clone(),
@@ -137,10 +232,22 @@ impl Instance {
         let spec = image_spec::run_spec(&image, &runner.sandbox().config().id_map, &options)
             .map_err(failed)?;
         let started = Instant::now();
-        let service = runner
-            .sandbox()
-            .start_service(&spec)
-            .map_err(|e| failed(e.into()))?;
+        let (service, from_spare) = match spare {
+            Some(spare) if *spare.spec == spec && spare.prepared.is_usable() => {
+                let service = runner.sandbox().start_prepared_service(spare.prepared);
+                (service, true)
+            }
+            spare => {
+                if let Some(spare) = spare {
+                    // Another image or other options since, or its init
+                    // died: ended off this start's path.
+                    let runner = runner.clone();
+                    tokio::spawn(async move { spare.end(&runner).await });
+                }
+                (runner.sandbox().start_service(&spec), false)
+            }
+        };
+        let service = service.map_err(|e| failed(e.into()))?;
         let exit = service.exit_watch();
         let spawned = started.elapsed();
         let (upstream, ready) = match wait_ready(def, &service, &exit, started).await {
@@ -157,6 +264,7 @@ impl Instance {
             instance = id,
             digest = image.digest,
             pid = service.pid(),
+            from_spare,
             image_us = crate::context::micros(started - fetch),
             spawn_us = crate::context::micros(spawned),
             listening_us = crate::context::micros(ready.listening),
@@ -175,10 +283,18 @@ impl Instance {
                 reconnect: tokio::sync::Mutex::new(()),
                 unimplemented: [AtomicBool::new(false), AtomicBool::new(false)],
                 started,
-                _lease: lease,
+                from_spare,
+                spec: Arc::new(spec),
+                lease: lease.map(Arc::new),
             },
             started.elapsed(),
         ))
+    }
+
+    /// Its run spec and its image's lease: what a [`Spare`] for its
+    /// function's next server is made of.
+    pub fn spare_parts(&self) -> (Arc<RunSpec>, Option<Arc<Lease>>) {
+        (self.spec.clone(), self.lease.clone())
     }
 
     /// A handle on the server's end.

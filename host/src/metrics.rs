@@ -1,6 +1,7 @@
 //! Metrics of the function host, rendered with the daemon's others
 //! ([`fnrun_core::metrics::Metrics`]): calls by function and gRPC code, instances
-//! running, cold starts, crashes, and start and call durations.
+//! running, cold starts (and those from a spare), crashes, and start and call
+//! durations.
 //!
 //! The call counter is the one labelled by function: a small map behind a
 //! mutex, bounded by the catalogue (at most [`super::catalogue::MAX_FUNCTIONS`]
@@ -22,6 +23,8 @@ pub struct FunctionMetrics {
     calls: Mutex<BTreeMap<(String, i32), u64>>,
     /// Instances that became ready.
     pub cold_starts: AtomicU64,
+    /// Of those, the ones that started in a spare made ahead.
+    pub spare_starts: AtomicU64,
     /// Instances that ended without being stopped, or failed to start.
     pub crashes: AtomicU64,
     /// Instances running now.
@@ -78,6 +81,11 @@ impl FunctionMetrics {
             out,
             "# HELP fnrun_function_cold_starts_total Crossplane function servers started and ready.\n# TYPE fnrun_function_cold_starts_total counter\nfnrun_function_cold_starts_total {}",
             self.cold_starts.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP fnrun_function_spare_starts_total Crossplane function servers that started in a sandbox made ahead.\n# TYPE fnrun_function_spare_starts_total counter\nfnrun_function_spare_starts_total {}",
+            self.spare_starts.load(Relaxed)
         );
         let _ = writeln!(
             out,
@@ -138,6 +146,7 @@ mod tests {
         m.call("fn-a", Code::Ok, Duration::from_millis(1));
         m.call("", Code::NotFound, Duration::from_millis(1));
         m.cold_starts.fetch_add(1, Relaxed);
+        m.spare_starts.fetch_add(1, Relaxed);
         m.crashes.fetch_add(1, Relaxed);
         m.instances.fetch_add(1, Relaxed);
         m.start_duration.observe(Duration::from_millis(20));
@@ -149,6 +158,7 @@ mod tests {
             "fnrun_function_calls_total{function=\"\",code=\"NOT_FOUND\"} 1",
             "fnrun_function_instances 1",
             "fnrun_function_cold_starts_total 1",
+            "fnrun_function_spare_starts_total 1",
             "fnrun_function_crashes_total 1",
             "fnrun_function_start_duration_seconds_count 1",
             "fnrun_function_call_duration_seconds_count 3",

@@ -1,6 +1,7 @@
 //! The life of a function's instance: started on the first call, stopped
-//! after `idleTimeout` with nothing left behind (no process, cgroup holding
-//! one, or mount), started again on the next call; a crashed server started
+//! after `idleTimeout`, leaving a spare sandbox made ahead in which the next
+//! call starts it again, and after the spare's own `idleTimeout` nothing at
+//! all (no process, cgroup holding one, or mount); a crashed server started
 //! again on the next call, then with a backoff; a server that never listens
 //! failing the call with UNAVAILABLE and its output; every server stopped
 //! with the daemon.
@@ -84,11 +85,23 @@ fn an_idle_function_scales_to_zero_and_starts_again() {
         leftover_servers(daemon_pid, "/function", Duration::from_secs(5)),
         Vec::<i32>::new()
     );
-    assert_eq!(busy_cgroups(daemon_pid), Vec::<std::path::PathBuf>::new());
-    assert_eq!(mounts(), mounts_before);
     assert_eq!(metric(&metrics, "fnrun_function_instances"), 0.0);
+    // In its place, a spare for the next instance: a sandbox made ahead,
+    // whose init waits alone in its cgroup (counted in the sandbox pool).
+    let log = host
+        .wait_log(
+            "function server's sandbox made ahead",
+            1,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    let spare = init_of(&log, "function server's sandbox made ahead", 0);
+    assert!(alive(spare));
+    assert_eq!(children(spare), "", "the spare runs no server yet");
+    assert_eq!(run_cgroups(daemon_pid), 1, "{:?}", busy_cgroups(daemon_pid));
+    assert_eq!(metric(&metrics, "fnrun_sandbox_pool_sandboxes"), 1.0);
 
-    // The next call starts it again (its image is cached).
+    // The next call starts it again (its image is cached), in the spare.
     let started = Instant::now();
     let outcome = host.call("fn-a").request(SAMPLE_REQUEST).run().unwrap();
     assert!(outcome.is_ok(), "{outcome:?}");
@@ -96,8 +109,11 @@ fn an_idle_function_scales_to_zero_and_starts_again() {
     let pids = host.server_pids("fn-a");
     assert_eq!(pids.len(), 2, "{}", host.log());
     assert_ne!(pids[0], pids[1]);
+    assert_eq!(pids[1], spare, "the second instance is not the spare's");
     assert!(alive(pids[1]));
     assert_eq!(metric(&metrics, "fnrun_function_cold_starts_total"), 2.0);
+    assert_eq!(metric(&metrics, "fnrun_function_spare_starts_total"), 1.0);
+    assert_eq!(metric(&metrics, "fnrun_sandbox_pool_sandboxes"), 0.0);
     assert_eq!(
         metric(
             &metrics,
@@ -105,6 +121,66 @@ fn an_idle_function_scales_to_zero_and_starts_again() {
         ),
         2.0
     );
+
+    // Idle again: stopped, with a new spare, which ends unused after
+    // another idleTimeout (10 s at least). Then nothing of the function is
+    // left.
+    host.wait_log("function server stopped", 2, Duration::from_secs(10))
+        .unwrap();
+    let log = host
+        .wait_log(
+            "function server's sandbox ended unused",
+            1,
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let second = init_of(&log, "function server's sandbox made ahead", 1);
+    assert_eq!(
+        init_of(&log, "function server's sandbox ended unused", 0),
+        second
+    );
+    assert!(!alive(pids[1]), "the server outlived its idle timeout");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(second) || run_cgroups(daemon_pid) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the expired spare {second} is left: {:?}",
+            busy_cgroups(daemon_pid)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        leftover_servers(daemon_pid, "/function", Duration::from_secs(5)),
+        Vec::<i32>::new()
+    );
+    assert_eq!(mounts(), mounts_before);
+    assert_eq!(metric(&metrics, "fnrun_sandbox_pool_sandboxes"), 0.0);
+    assert_eq!(metric(&metrics, "fnrun_function_instances"), 0.0);
+}
+
+/// The `init=` of the `nth` log line that contains `needle`.
+fn init_of(log: &str, needle: &str, nth: usize) -> i32 {
+    log.lines()
+        .filter(|l| l.contains(needle))
+        .nth(nth)
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("init=")))
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no init= on line {nth} of {needle:?}:\n{log}"))
+}
+
+/// The children of process `pid`.
+fn children(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default()
+}
+
+/// How many runs of the daemon have a cgroup holding a process (one
+/// directory per hierarchy on cgroup v1, one run).
+fn run_cgroups(daemon_pid: u32) -> usize {
+    busy_cgroups(daemon_pid)
+        .iter()
+        .filter_map(|p| p.file_name())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
 }
 
 #[test]

@@ -53,9 +53,24 @@ fn a_rootless_daemon_hosts_functions() {
     host.wait_log("function server stopped", 1, Duration::from_secs(10))
         .unwrap();
     assert!(!alive(first));
+    // A rootless daemon makes the next server's sandbox ahead too, and the
+    // next call starts it there.
+    host.wait_log(
+        "function server's sandbox made ahead",
+        1,
+        Duration::from_secs(10),
+    )
+    .unwrap();
     let outcome = host.call("fn-a").request(SAMPLE_REQUEST).run().unwrap();
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(host.server_pids("fn-a").len(), 2);
+    let log = host.log();
+    let second = log
+        .lines()
+        .filter(|l| l.contains("function server ready"))
+        .nth(1)
+        .unwrap();
+    assert!(second.contains("from_spare=true"), "{log}");
 
     assert!(
         host.call("fn-crash")
@@ -78,13 +93,27 @@ fn a_rootless_daemon_hosts_functions() {
             .is_ok()
     );
 
-    let pids: Vec<i32> = ["fn-a", "fn-crash"]
+    let mut pids: Vec<i32> = ["fn-a", "fn-crash"]
         .iter()
         .filter_map(|n| host.server_pids(n).last().copied())
         .collect();
+    // fn-a is idle again by now: its spare, too, goes with the daemon.
+    let log = host
+        .wait_log(
+            "function server's sandbox made ahead",
+            2,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    pids.extend(
+        log.lines()
+            .filter(|l| l.contains("function server's sandbox made ahead"))
+            .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("init=")))
+            .filter_map(|pid| pid.parse::<i32>().ok()),
+    );
     let status = host.daemon_mut().stop().expect("the daemon exits");
     assert!(status.success(), "{status:?}");
     for pid in pids {
-        assert!(!alive(pid), "server {pid} outlived the daemon");
+        assert!(!alive(pid), "server or spare {pid} outlived the daemon");
     }
 }

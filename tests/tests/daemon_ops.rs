@@ -441,12 +441,20 @@ async fn the_sandbox_pool_serves_calls_in_fresh_sandboxes_and_empties_when_idle(
     );
     // Each pooled sandbox is one init, waiting; nothing else runs.
     assert_eq!(sandbox_inits_of(pid).len() as f64, pooled, "{busy}");
+    // What they hold is measured, and small: under 16 MiB each.
+    let bytes = sample(&busy, "fnrun_sandbox_pool_memory_bytes");
+    assert!(
+        bytes > 0.0 && bytes / pooled < f64::from(16 << 20),
+        "{busy}"
+    );
 
     // Not called for 10 s: the pool ends its sandboxes.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let body = scrape();
-        if sample(&body, "fnrun_sandbox_pool_sandboxes") == 0.0 && sandbox_inits_of(pid).is_empty()
+        if sample(&body, "fnrun_sandbox_pool_sandboxes") == 0.0
+            && sample(&body, "fnrun_sandbox_pool_memory_bytes") == 0.0
+            && sandbox_inits_of(pid).is_empty()
         {
             break;
         }
@@ -462,4 +470,48 @@ async fn the_sandbox_pool_serves_calls_in_fresh_sandboxes_and_empties_when_idle(
         .await
         .expect("runs after the pool emptied");
     assert_eq!(String::from_utf8_lossy(&out.output), SAMPLE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_pools_memory_budget_holds() {
+    let registry = Registry::start().expect("registry starts");
+    let image = TestImage::script("exec cat").push_to(&registry, "fns/budget:v1");
+    let addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    // A budget smaller than any sandbox: none is made ahead, and every call
+    // makes its own, as without a pool.
+    let daemon = Daemon::start(
+        DaemonOpts::default()
+            .arg("--metrics-listen")
+            .arg(&addr)
+            .arg("--sandbox-pool=8")
+            .arg("--sandbox-pool-memory=64Ki"),
+    )
+    .expect("fnrun serve starts");
+    let pid = daemon.pid().expect("the daemon's pid");
+    let mut client = daemon.client().await.expect("connects");
+    for _ in 0..4 {
+        let out = client::run_function(&mut client, Run::new(&image, SAMPLE).build())
+            .await
+            .expect("each call runs");
+        assert_eq!(String::from_utf8_lossy(&out.output), SAMPLE);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let body = http_get(&addr, "/metrics").expect("GET /metrics").1;
+    assert_eq!(sample(&body, "fnrun_sandbox_pool_sandboxes"), 0.0, "{body}");
+    assert_eq!(
+        sample(&body, "fnrun_sandbox_pool_memory_bytes"),
+        0.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, "fnrun_sandbox_pool_hits_total"),
+        0.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, "fnrun_sandbox_pool_misses_total"),
+        4.0,
+        "{body}"
+    );
+    assert_eq!(sandbox_inits_of(pid), Vec::<u32>::new());
 }
