@@ -8,10 +8,13 @@ Measures, in one run:
           fnrun (mTLS and h2c) and directly (the server's own mTLS, and h2c),
           in interleaved rounds; and calls/s at concurrency 8
   cold    the first call after a scale to zero (image cached, new client
-          connection) against starting the same binary on the host, waiting
-          for its port, and making the first call
-  memory  fnrun hosting N functions (warm, then scaled to zero) against N
-          function processes left running (RSS and PSS of every process)
+          connection), once in the spare sandbox made when the server
+          stopped and once without spares (--sandbox-pool 0), against
+          starting the same binary on the host, waiting for its port, and
+          making the first call
+  memory  fnrun hosting N functions (warm, scaled to zero with their spares,
+          then without) against N function processes left running (RSS and
+          PSS of every process)
 
 Everything runs on 127.0.0.1 with bounded counts and timeouts.
 """
@@ -129,7 +132,7 @@ def functions_file(path, entries):
 
 
 class Daemon:
-    def __init__(self, label, entries, tls):
+    def __init__(self, label, entries, tls, extra=()):
         self.port = free_port()
         self.log = WORK / f"daemon-{label}.log"
         file = WORK / f"functions-{label}.yaml"
@@ -142,6 +145,7 @@ class Daemon:
                     f"--functions-client-ca={CERTS}/ca.crt"]
         else:
             cmd.append("--functions-insecure")
+        cmd += list(extra)
         self.proc = spawn(cmd, self.log)
         wait_port(self.port)
         self.addr = f"127.0.0.1:{self.port}"
@@ -256,24 +260,45 @@ def direct_cold():
     return port_ms, call_ms
 
 
+SPARE_MADE = "function server's sandbox made ahead"
+SPARE_ENDED = "function server's sandbox ended unused"
+
+
 def cold(results):
     log(f"cold: {COLD_RUNS} first calls after a scale to zero, interleaved with direct starts")
+    # Two daemons called in turn: the default one, which makes a spare
+    # sandbox for the next server when one stops, and one without a sandbox
+    # pool (--sandbox-pool 0), which makes none.
     d = Daemon("cold", [("function-cold", "1s")], tls=True)
+    n = Daemon("cold-no-spare", [("function-cold", "1s")], tls=True,
+               extra=["--sandbox-pool", "0"])
     # The image into the cache (pulled from its layout, unpacked) first.
-    client(d.addr, name="function-cold", tls=True)
-    d.wait_events("function server stopped", "function-cold", 1)
+    for x in (d, n):
+        client(x.addr, name="function-cold", tls=True)
+        x.wait_events("function server stopped", "function-cold", 1)
+    d.wait_events(SPARE_MADE, "function-cold", 1)
     first_ready = len(d.events("function server ready", "function-cold"))
-    fnrun_calls, port_ms, call_ms = [], [], []
+    fnrun_calls, no_spare_calls, port_ms, call_ms = [], [], [], []
     for i in range(COLD_RUNS):
         out = client(d.addr, name="function-cold", tls=True)
         fnrun_calls.append(out["elapsed_ms"])
         d.wait_events("function server ready", "function-cold", first_ready + i + 1)
+        out = client(n.addr, name="function-cold", tls=True)
+        no_spare_calls.append(out["elapsed_ms"])
+        n.wait_events("function server ready", "function-cold", first_ready + i + 1)
         a, b = direct_cold()
         port_ms.append(a)
         call_ms.append(b)
         d.wait_events("function server stopped", "function-cold", i + 2)
-    ready = [e["ready_ms"] for e in d.events("function server ready", "function-cold")][first_ready:]
+        d.wait_events(SPARE_MADE, "function-cold", i + 2)
+        n.wait_events("function server stopped", "function-cold", i + 2)
+    events = d.events("function server ready", "function-cold")[first_ready:]
+    ready = [e["ready_ms"] for e in events]
+    from_spare = sum(1 for e in events if e.get("from_spare") is True)
+    no_spare_ready = [e["ready_ms"] for e in
+                      n.events("function server ready", "function-cold")[first_ready:]]
     stop(d.proc)
+    stop(n.proc)
     # A warm call on a new connection: what a cold call costs besides the start.
     w = Daemon("cold-warm", [("function-cold", "0")], tls=True)
     client(w.addr, name="function-cold", tls=True)
@@ -284,12 +309,17 @@ def cold(results):
     results["cold"] = {
         "fnrun_first_call_ms": fnrun_calls,
         "fnrun_ready_ms": ready,
+        "fnrun_from_spare": from_spare,
+        "fnrun_no_spare_first_call_ms": no_spare_calls,
+        "fnrun_no_spare_ready_ms": no_spare_ready,
         "fnrun_warm_new_connection_ms": new_conn,
         "direct_port_ms": port_ms,
         "direct_first_call_ms": call_ms,
         "median": {
             "fnrun_first_call_ms": med(fnrun_calls),
             "fnrun_ready_ms": med(ready),
+            "fnrun_no_spare_first_call_ms": med(no_spare_calls),
+            "fnrun_no_spare_ready_ms": med(no_spare_ready),
             "fnrun_warm_new_connection_ms": med(new_conn),
             "direct_port_ms": med(port_ms),
             "direct_first_call_ms": med(call_ms),
@@ -297,6 +327,8 @@ def cold(results):
         },
         "ratio_of_medians": med(fnrun_calls) / med(totals),
         "paired_ratio_median": med(f / t for f, t in zip(fnrun_calls, totals)),
+        "no_spare_ratio_of_medians": med(no_spare_calls) / med(totals),
+        "no_spare_paired_ratio_median": med(f / t for f, t in zip(no_spare_calls, totals)),
     }
 
 
@@ -314,6 +346,12 @@ def mem(results):
     d.wait_events("function server stopped", None, n, timeout=60)
     time.sleep(1)
     scaled = memory(tree(d.proc.pid))
+    # The spares made as the servers stopped (at most --sandbox-pool, 8)
+    # end unused after 10 s.
+    spares = len(d.events(SPARE_MADE))
+    d.wait_events(SPARE_ENDED, None, spares, timeout=60)
+    time.sleep(1)
+    spares_ended = memory(tree(d.proc.pid))
     stop(d.proc)
     procs, ports = [], []
     for _ in names:
@@ -331,6 +369,8 @@ def mem(results):
         "fnrun_before_any_call": idle_start,
         "fnrun_all_warm": warm_all,
         "fnrun_scaled_to_zero": scaled,
+        "spares": spares,
+        "fnrun_spares_ended": spares_ended,
         "direct_processes_running": direct,
     }
 
@@ -358,10 +398,15 @@ def main():
     cold_all = results["cold"]
     print(f"ratio fnrun first call / (direct start + first call): "
           f"{cold_all['ratio_of_medians']:.2f} of medians, "
-          f"{cold_all['paired_ratio_median']:.2f} median of paired runs (target <= 1.5)")
+          f"{cold_all['paired_ratio_median']:.2f} median of paired runs (target <= 1.1); "
+          f"{cold_all['fnrun_from_spare']} of {COLD_RUNS} from a spare")
+    print(f"without spares (--sandbox-pool 0): "
+          f"{cold_all['no_spare_ratio_of_medians']:.2f} of medians, "
+          f"{cold_all['no_spare_paired_ratio_median']:.2f} median of paired runs")
     print(f"\nmemory, {m['functions']} functions (KiB)")
+    print(f"  (scaled to zero with {m['spares']} spares; then the spares ended)")
     for key in ("fnrun_before_any_call", "fnrun_all_warm", "fnrun_scaled_to_zero",
-                "direct_processes_running"):
+                "fnrun_spares_ended", "direct_processes_running"):
         v = m[key]
         print(f"  {key:28}{v['processes']:5} procs  RSS {v['rss_kib']:8}  PSS {v['pss_kib']:8}")
 
