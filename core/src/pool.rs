@@ -506,13 +506,7 @@ async fn make(
 ) {
     let started = Instant::now();
     let made = match inner.sandbox.prepare(spec) {
-        Ok(mut run) => match run.ready().await {
-            Ok(()) => Ok(run),
-            Err(e) => {
-                run.discard().await;
-                Err(e)
-            }
-        },
+        Ok(run) => run.into_ready().await,
         Err(e) => Err(e),
     };
     let now = Instant::now();

@@ -139,13 +139,7 @@ impl Spare {
             return None;
         };
         let made = match runner.sandbox().prepare_service(&spec) {
-            Ok(mut prepared) => match prepared.ready().await {
-                Ok(()) => Ok(prepared),
-                Err(e) => {
-                    prepared.discard().await;
-                    Err(e)
-                }
-            },
+            Ok(prepared) => prepared.into_ready().await,
             Err(e) => Err(e),
         };
         match made {

@@ -121,6 +121,18 @@ impl<K> Prepared<K> {
             .or_else(|| pss_bytes(self.pid()))
     }
 
+    /// [`Prepared::ready`], discarding it when it fails: it, once ready, or
+    /// why it could not be made.
+    pub async fn into_ready(mut self) -> Result<Prepared<K>, Error> {
+        match self.ready().await {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                self.discard().await;
+                Err(e)
+            }
+        }
+    }
+
     /// Whether it can still be used: init has not exited (it may have been
     /// killed meanwhile, by the OOM killer or by hand).
     pub fn is_usable(&self) -> bool {

@@ -306,6 +306,17 @@ impl FunctionHost {
             .collect()
     }
 
+    /// The `init=` pids of the log lines about spares (the sandboxes made
+    /// ahead for a function's next server) that contain `message`, oldest
+    /// first, once there are at least `count` of them.
+    pub fn spare_inits(&self, message: &str, count: usize, timeout: Duration) -> Vec<i32> {
+        let log = self.wait_log(message, count, timeout).unwrap();
+        log.lines()
+            .filter(|l| l.contains(message))
+            .filter_map(|l| field(l, "init")?.parse().ok())
+            .collect()
+    }
+
     /// Waits until the daemon's log has `count` lines containing `needle`.
     pub fn wait_log(&self, needle: &str, count: usize, timeout: Duration) -> Result<String> {
         let deadline = Instant::now() + timeout;

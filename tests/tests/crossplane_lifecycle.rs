@@ -16,6 +16,9 @@ use fnrun_tests::image::BuiltImage;
 use fnrun_tests::registry::{free_port, http_get};
 use fnrun_tests::user::require_root;
 
+const SPARE_MADE: &str = "function server's sandbox made ahead";
+const SPARE_ENDED: &str = "function server's sandbox ended unused";
+
 fn image(variant: Variant) -> BuiltImage {
     GoFunction::new(variant)
         .image()
@@ -88,14 +91,7 @@ fn an_idle_function_scales_to_zero_and_starts_again() {
     assert_eq!(metric(&metrics, "fnrun_function_instances"), 0.0);
     // In its place, a spare for the next instance: a sandbox made ahead,
     // whose init waits alone in its cgroup (counted in the sandbox pool).
-    let log = host
-        .wait_log(
-            "function server's sandbox made ahead",
-            1,
-            Duration::from_secs(10),
-        )
-        .unwrap();
-    let spare = init_of(&log, "function server's sandbox made ahead", 0);
+    let spare = host.spare_inits(SPARE_MADE, 1, Duration::from_secs(10))[0];
     assert!(alive(spare));
     assert_eq!(children(spare), "", "the spare runs no server yet");
     assert_eq!(run_cgroups(daemon_pid), 1, "{:?}", busy_cgroups(daemon_pid));
@@ -127,18 +123,9 @@ fn an_idle_function_scales_to_zero_and_starts_again() {
     // left.
     host.wait_log("function server stopped", 2, Duration::from_secs(10))
         .unwrap();
-    let log = host
-        .wait_log(
-            "function server's sandbox ended unused",
-            1,
-            Duration::from_secs(30),
-        )
-        .unwrap();
-    let second = init_of(&log, "function server's sandbox made ahead", 1);
-    assert_eq!(
-        init_of(&log, "function server's sandbox ended unused", 0),
-        second
-    );
+    let ended = host.spare_inits(SPARE_ENDED, 1, Duration::from_secs(30));
+    let second = host.spare_inits(SPARE_MADE, 2, Duration::ZERO)[1];
+    assert_eq!(ended, [second]);
     assert!(!alive(pids[1]), "the server outlived its idle timeout");
     let deadline = Instant::now() + Duration::from_secs(5);
     while alive(second) || run_cgroups(daemon_pid) > 0 {
@@ -156,16 +143,6 @@ fn an_idle_function_scales_to_zero_and_starts_again() {
     assert_eq!(mounts(), mounts_before);
     assert_eq!(metric(&metrics, "fnrun_sandbox_pool_sandboxes"), 0.0);
     assert_eq!(metric(&metrics, "fnrun_function_instances"), 0.0);
-}
-
-/// The `init=` of the `nth` log line that contains `needle`.
-fn init_of(log: &str, needle: &str, nth: usize) -> i32 {
-    log.lines()
-        .filter(|l| l.contains(needle))
-        .nth(nth)
-        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("init=")))
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no init= on line {nth} of {needle:?}:\n{log}"))
 }
 
 /// The children of process `pid`.

@@ -9,6 +9,8 @@ use fnrun_tests::crossplane::{GoFunction, SAMPLE_REQUEST, Variant};
 use fnrun_tests::function_host::{Entry, FunctionHost, HostOpts, HostTls, alive};
 use fnrun_tests::user::rootless_user;
 
+const SPARE_MADE: &str = "function server's sandbox made ahead";
+
 #[test]
 fn a_rootless_daemon_hosts_functions() {
     let Some(user) = rootless_user("a_rootless_daemon_hosts_functions") else {
@@ -55,12 +57,7 @@ fn a_rootless_daemon_hosts_functions() {
     assert!(!alive(first));
     // A rootless daemon makes the next server's sandbox ahead too, and the
     // next call starts it there.
-    host.wait_log(
-        "function server's sandbox made ahead",
-        1,
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    host.spare_inits(SPARE_MADE, 1, Duration::from_secs(10));
     let outcome = host.call("fn-a").request(SAMPLE_REQUEST).run().unwrap();
     assert!(outcome.is_ok(), "{outcome:?}");
     assert_eq!(host.server_pids("fn-a").len(), 2);
@@ -98,19 +95,7 @@ fn a_rootless_daemon_hosts_functions() {
         .filter_map(|n| host.server_pids(n).last().copied())
         .collect();
     // fn-a is idle again by now: its spare, too, goes with the daemon.
-    let log = host
-        .wait_log(
-            "function server's sandbox made ahead",
-            2,
-            Duration::from_secs(10),
-        )
-        .unwrap();
-    pids.extend(
-        log.lines()
-            .filter(|l| l.contains("function server's sandbox made ahead"))
-            .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("init=")))
-            .filter_map(|pid| pid.parse::<i32>().ok()),
-    );
+    pids.extend(host.spare_inits(SPARE_MADE, 2, Duration::from_secs(10)));
     let status = host.daemon_mut().stop().expect("the daemon exits");
     assert!(status.success(), "{status:?}");
     for pid in pids {

@@ -104,6 +104,24 @@ fn assert_gone(pid: libc::pid_t, namespaces: Held, cgroups: &[PathBuf]) {
     }
 }
 
+/// Kills a prepared sandbox's init and waits until it no longer counts as
+/// usable.
+pub(super) async fn kill_init<K>(prepared: &crate::Prepared<K>) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(prepared.pid()),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while prepared.is_usable() {
+        assert!(
+            Instant::now() < deadline,
+            "a killed init still counts as usable"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A prepared sandbox and its futures can move between a runtime's threads
 /// (the runner's pool makes them in tasks of their own).
 #[allow(dead_code)]
@@ -141,15 +159,7 @@ async fn a_prepared_sandbox_dropped_unused_leaves_nothing_behind() {
     // One whose init was killed meanwhile is not to be used.
     let (prepared, namespaces, cgroups) = ready(&fx, &spec).await;
     let pid = prepared.pid();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while prepared.is_usable() {
-        assert!(
-            Instant::now() < deadline,
-            "a killed init still counts as usable"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    kill_init(&prepared).await;
     prepared.discard().await;
     assert_gone(pid, namespaces, &cgroups);
 

@@ -357,19 +357,7 @@ async fn a_prepared_service_starts_when_asked_confined_as_any_run() {
     // One whose init died meanwhile ends at once when started, and says so.
     let mut prepared = fx.sandbox.prepare_service(&spec).unwrap();
     prepared.ready().await.unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(prepared.pid()),
-        nix::sys::signal::SIGKILL,
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while prepared.is_usable() {
-        assert!(
-            Instant::now() < deadline,
-            "a killed init still counts as usable"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    super::prepared::kill_init(&prepared).await;
     let service = fx.sandbox.start_prepared_service(prepared).unwrap();
     let exit = tokio::time::timeout(TIMEOUT, service.exited())
         .await
