@@ -510,6 +510,8 @@ async fn make(
         Err(e) => Err(e),
     };
     let now = Instant::now();
+    // Read from its cgroup before the pool's lock, which calls take.
+    let bytes = made.as_ref().ok().and_then(PreparedRun::memory_bytes);
     let unwanted = {
         let mut state = inner.lock();
         let took = now - started;
@@ -517,7 +519,6 @@ async fn make(
         let make_time = (average * 7 + took) / 8;
         state.make_time = Some(make_time);
         let per_kind = inner.per_kind;
-        let bytes = made.as_ref().ok().and_then(PreparedRun::memory_bytes);
         if let Some(bytes) = bytes {
             state.measured(bytes);
         }
