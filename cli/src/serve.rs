@@ -99,9 +99,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = crate::serve::DEFAULT_SANDBOX_POOL)]
     pub sandbox_pool: usize,
     /// Memory the sandboxes made ahead may hold between them (each is
-    /// measured once made: its cgroup's peak, else its init's PSS; about
-    /// 1 MiB): none is made beyond it. Default: only --sandbox-pool bounds
-    /// them.
+    /// measured once made: its cgroup's peak, else its init's PSS): none is
+    /// made beyond it. Default: only --sandbox-pool bounds them.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub sandbox_pool_memory: Option<u64>,
     /// Pull these images into the cache at start, unless cached (for Porch's
