@@ -44,8 +44,8 @@ pub struct ServiceExit {
     pub stopped: bool,
     /// The last bytes of its stdout and stderr.
     pub output_tail: Vec<u8>,
-    /// From the start (the clone, or the go of a prepared run) to the end of
-    /// the run.
+    /// From the server's start (the go that lets init fork it, once the
+    /// sandbox is built) to the end of the run.
     pub elapsed: Duration,
 }
 
