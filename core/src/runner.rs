@@ -243,10 +243,13 @@ impl Runner {
         self.pool.as_ref().and_then(Pool::place)
     }
 
-    /// Has the cache pruned to `--cache-max-size` soon, if one is set: for a
-    /// holder of an image's lease that just let go of it.
-    pub fn lease_released(&self) {
-        self.maybe_prune();
+    /// Lets go of a hold on an image's lease (a function server's spare's);
+    /// if it was the last, the image may be evicted now, and the cache is
+    /// pruned to `--cache-max-size` soon, if one is set.
+    pub fn release_lease(&self, lease: Option<Arc<Lease>>) {
+        if lease.and_then(Arc::into_inner).is_some() {
+            self.maybe_prune();
+        }
     }
 
     /// Has the cache pruned to `--cache-max-size`, if one is set.

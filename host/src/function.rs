@@ -155,18 +155,10 @@ impl Function {
         self.end_spare(spare);
     }
 
-    /// Ends a spare off the caller's path (or on it, outside a runtime:
-    /// dropped, it kills its init and waits for it).
+    /// Ends a spare off the caller's path.
     fn end_spare(&self, spare: Option<Spare>) {
-        let Some(spare) = spare else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let runner = self.ctx.runner.clone();
-                runtime.spawn(async move { spare.end(&runner).await });
-            }
-            Err(_) => drop(spare),
+        if let Some(spare) = spare {
+            spare.end_in_background(&self.ctx.runner);
         }
     }
 

@@ -133,9 +133,7 @@ impl Spare {
         lease: Option<Arc<Lease>>,
     ) -> Option<Spare> {
         let Some(mut place) = runner.sandbox_place() else {
-            if lease.and_then(Arc::into_inner).is_some() {
-                runner.lease_released();
-            }
+            runner.release_lease(lease);
             return None;
         };
         let made = match runner.sandbox().prepare_service(&spec) {
@@ -157,9 +155,7 @@ impl Spare {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot make a function server's sandbox ahead");
-                if lease.and_then(Arc::into_inner).is_some() {
-                    runner.lease_released();
-                }
+                runner.release_lease(lease);
                 None
             }
         }
@@ -173,8 +169,18 @@ impl Spare {
     /// Ends it unused: its init and cgroup, then its place and lease.
     pub async fn end(self, runner: &Runner) {
         self.prepared.discard().await;
-        if self.lease.and_then(Arc::into_inner).is_some() {
-            runner.lease_released();
+        runner.release_lease(self.lease);
+    }
+
+    /// [`Spare::end`] off the caller's path (or on it, outside a runtime:
+    /// dropped, it kills its init and waits for it).
+    pub fn end_in_background(self, runner: &Arc<Runner>) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let runner = runner.clone();
+                runtime.spawn(async move { self.end(&runner).await });
+            }
+            Err(_) => drop(self),
         }
     }
 }
@@ -235,8 +241,7 @@ impl Instance {
                 if let Some(spare) = spare {
                     // Another image or other options since, or its init
                     // died: ended off this start's path.
-                    let runner = runner.clone();
-                    tokio::spawn(async move { spare.end(&runner).await });
+                    spare.end_in_background(runner);
                 }
                 (runner.sandbox().start_service(&spec), false)
             }
