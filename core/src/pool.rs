@@ -15,6 +15,12 @@
 //!   mounts or a mapped caller (the CLI's KRM options) are never pooled.
 //! - **Each sandbox serves one call**, then ends as any run ends (every
 //!   process killed, its cgroup removed). Nothing of a call reaches another.
+//!   The call is answered once its function has exited
+//!   ([`Sandbox::answer_prepared`]); init's exit, which tears the sandbox's
+//!   namespaces and mounts down, its reap and the cgroup's removal follow in
+//!   the background, off the call's path (at most [`MAX_ENDING`] at once;
+//!   beyond that a call waits for its own). A call that makes its own
+//!   sandbox (the pool empty) is answered and ended the same way.
 //! - **Refilled after a take**, in the background: a call never waits for the
 //!   pool. One that finds it empty makes its own sandbox, as without a pool.
 //! - **Sized by the calls.** A kind's target is the most calls of it in
@@ -40,12 +46,13 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use fnrun_cache::Lease;
-use fnrun_sandbox::{Error, Network, Outcome, PreparedRun, RunSpec, Sandbox};
+use fnrun_sandbox::{Ending, Error, Network, Outcome, PreparedRun, RunSpec, Sandbox};
 
 use crate::metrics::Metrics;
 
@@ -63,6 +70,9 @@ const BACKOFF: Duration = Duration::from_secs(1);
 const SWEEP: Duration = Duration::from_secs(1);
 /// What a sandbox is taken to hold in memory before one has been measured.
 const FIRST_ESTIMATE: u64 = 1 << 20;
+/// The most runs ended in the background at once; a call that finds this
+/// many waits for its own run's end, as without a pool.
+const MAX_ENDING: usize = 64;
 
 /// What makes two runs interchangeable: everything of their [`RunSpec`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -235,6 +245,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     /// Called when the pool lets go of the last hold on an image's lease.
     on_lease_ended: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Runs answered and still ending in the background.
+    ending: AtomicUsize,
 }
 
 /// The pool of every kind of run of one runner.
@@ -311,6 +323,7 @@ impl Pool {
                 state: Mutex::new(State::default()),
                 metrics,
                 on_lease_ended: OnceLock::new(),
+                ending: AtomicUsize::new(0),
             }),
         }
     }
@@ -351,7 +364,35 @@ impl Pool {
             }
         };
         self.refill(&key, spec, lease.clone());
-        sandbox.run_prepared(run, input, timeout).await
+        let (outcome, ending) = sandbox.answer_prepared(run, input, timeout).await?;
+        // The sandbox's overlay root stands on the image's layers until its
+        // mount namespace is gone: the leases go with its ending.
+        self.end(ending, [_its_lease, lease]).await;
+        Ok(outcome)
+    }
+
+    /// Ends a run answered early: in the background, off its call's path,
+    /// while fewer than [`MAX_ENDING`] are; else now. The leases its root
+    /// stands on are let go of once it has ended (and the pool says so if
+    /// that was their last hold, as for its own sandboxes).
+    async fn end(&self, ending: Ending, leases: [Option<Arc<Lease>>; 2]) {
+        let inner = self.inner.clone();
+        let end = async move {
+            ending.finish().await;
+            for lease in leases {
+                inner.release(lease);
+            }
+        };
+        let ending_now = &self.inner.ending;
+        if ending_now.fetch_add(1, Relaxed) >= MAX_ENDING {
+            ending_now.fetch_sub(1, Relaxed);
+            return end.await;
+        }
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            end.await;
+            inner.ending.fetch_sub(1, Relaxed);
+        });
     }
 
     /// Counts a call of `key` and takes a ready sandbox of it, if there is

@@ -232,6 +232,19 @@ impl Report {
             .collect()
     }
 
+    /// The run's first result on the pipe (what [`Report::read_all`] would
+    /// put first), once init or the function has sent it; `None` when the
+    /// pipe ends or fails first.
+    pub async fn next_result(fd: &OwnedFd) -> Option<Report> {
+        loop {
+            match Report::read_next(fd).await {
+                Ok(Some(Report::Ready)) => {}
+                Ok(result) => return result,
+                Err(_) => return None,
+            }
+        }
+    }
+
     /// The next record on the pipe, once one is there; `None` at EOF (every
     /// writer gone) or on a record that does not decode. A writer's record
     /// is one `write` of fewer than `PIPE_BUF` bytes, so it arrives whole.

@@ -65,7 +65,7 @@ pub use crate::limits::{Enforcement, LimitSupport};
 pub use crate::mounts::{BindMount, MAX_MOUNTS, MountError, QuotedPath, RESERVED_TARGETS};
 pub use crate::overlay::OverlayMount;
 pub use crate::process::Status;
-pub use crate::run::{ForCall, Outcome, Prepared, PreparedRun};
+pub use crate::run::{Ending, ForCall, Outcome, Prepared, PreparedRun};
 pub use crate::sandbox::Sandbox;
 pub use crate::service::{ExitWatch, ForService, PreparedService, Service, ServiceExit};
 pub use crate::spec::{DEFAULT_PATH, HostUser, Limits, Network, RunSpec};

@@ -256,17 +256,30 @@ impl InitGuard {
             .map_err(Error::errno("reap the sandbox"))
     }
 
+    /// What the run has used so far, read from its cgroup; nothing without
+    /// one.
+    pub fn usage(&self) -> Usage {
+        self.cgroup
+            .as_ref()
+            .map_or_else(Usage::default, |cgroup| cgroup.usage())
+    }
+
     /// What the run used, read from its cgroup, which is then removed. Call
     /// once init is reaped.
     pub fn remove_cgroup(&mut self) -> Usage {
-        let Some(mut cgroup) = self.cgroup.take() else {
-            return Usage::default();
-        };
-        let usage = cgroup.usage();
-        if let Err(e) = cgroup.remove() {
-            tracing::warn!(error = %e, "cannot remove a run cgroup");
-        }
+        let usage = self.usage();
+        self.discard_cgroup();
         usage
+    }
+
+    /// Removes the run's cgroup without reading it. Call once init is
+    /// reaped.
+    pub fn discard_cgroup(&mut self) {
+        if let Some(mut cgroup) = self.cgroup.take() {
+            if let Err(e) = cgroup.remove() {
+                tracing::warn!(error = %e, "cannot remove a run cgroup");
+            }
+        }
     }
 }
 
@@ -291,7 +304,7 @@ pub(crate) fn ended(
     plan: &Plan,
     cut: Option<Status>,
     reports: &[Report],
-    init_status: WaitStatus,
+    init_status: Option<WaitStatus>,
     usage: &Usage,
 ) -> Result<Status, Error> {
     // Init and the function stop at their first report.
@@ -307,7 +320,7 @@ pub(crate) fn ended(
         }),
         // `read_all` leaves `Ready` out: only a result counts.
         None | Some(Report::Ready) => Err(Error::InitDied {
-            status: format!("{init_status:?}"),
+            status: init_status.map_or_else(|| "unknown".to_owned(), |s| format!("{s:?}")),
         }),
     };
     let status = match cut {

@@ -188,7 +188,7 @@ impl Sandbox {
     ) -> Result<Outcome, Error> {
         let prepared = self.prepare(spec)?;
         let since = prepared.started.at;
-        self.call(prepared, input, timeout, since).await
+        self.run_and_end(prepared, input, timeout, since).await
     }
 
     /// The call on a prepared sandbox: `input` on stdin, every process of
@@ -203,16 +203,53 @@ impl Sandbox {
         input: &[u8],
         timeout: Duration,
     ) -> Result<Outcome, Error> {
-        self.call(prepared, input, timeout, Instant::now()).await
+        self.run_and_end(prepared, input, timeout, Instant::now())
+            .await
     }
 
-    async fn call(
+    /// The call on a prepared sandbox, answered as soon as the function has
+    /// exited: [`Sandbox::run_prepared`] without the wait for the rest of the
+    /// run's end. The outcome comes once stdout and stderr are closed and
+    /// init has reported the function's exit, with the cgroup's usage read
+    /// then; init's own exit (which tears down the sandbox's PID, mount and
+    /// other namespaces, killing whatever the function left running), its
+    /// reap and the cgroup's removal are the returned [`Ending`]'s, for the
+    /// caller to await off the call's path. A run cut short (timeout, output
+    /// over its limit) or whose init died is ended before this returns, as
+    /// by [`Sandbox::run_prepared`].
+    pub async fn answer_prepared(
+        &self,
+        prepared: PreparedRun,
+        input: &[u8],
+        timeout: Duration,
+    ) -> Result<(Outcome, Ending), Error> {
+        self.call(prepared, input, timeout, Instant::now(), true)
+            .await
+    }
+
+    async fn run_and_end(
         &self,
         prepared: PreparedRun,
         input: &[u8],
         timeout: Duration,
         since: Instant,
     ) -> Result<Outcome, Error> {
+        let (outcome, ending) = self.call(prepared, input, timeout, since, false).await?;
+        ending.finish().await;
+        Ok(outcome)
+    }
+
+    /// The call. With `early`, it returns once the function's exit is
+    /// reported (see [`Sandbox::answer_prepared`]); without, once init is
+    /// reaped and the cgroup removed (the [`Ending`] is then empty).
+    async fn call(
+        &self,
+        prepared: PreparedRun,
+        input: &[u8],
+        timeout: Duration,
+        since: Instant,
+        early: bool,
+    ) -> Result<(Outcome, Ending), Error> {
         let mut started = prepared.started;
         started.go();
         let process::Started {
@@ -226,37 +263,111 @@ impl Sandbox {
             .map_err(Error::io("set up the run's stdio"))?;
         let mut io = stdio::Pumped::default();
         let exited = guard.exited();
+        let report = &ends.report;
         let cfg = &self.config;
         let finished = tokio::time::timeout(timeout, async {
             stdio
                 .pump(input, cfg.max_output_bytes, cfg.stderr_tail_bytes, &mut io)
                 .await;
-            if !io.output_too_large {
-                let _ = exited.await;
+            if io.output_too_large {
+                return None;
             }
+            if early {
+                // Init reports the function's exit before it exits itself.
+                if let Some(result) = Report::next_result(report).await {
+                    return Some(result);
+                }
+            }
+            let _ = exited.await;
+            None
         })
         .await;
-        let cut = if finished.is_err() {
-            Some(Status::TimedOut)
-        } else if io.output_too_large {
-            Some(Status::OutputTooLarge)
-        } else {
-            None
+        let cut = match &finished {
+            Err(_) => Some(Status::TimedOut),
+            Ok(_) if io.output_too_large => Some(Status::OutputTooLarge),
+            Ok(_) => None,
         };
+        // Answered early: the function has exited, and its result is in.
+        if let Ok(Some(result)) = finished {
+            let usage = guard.usage();
+            let ending = Ending {
+                guard: Some(guard),
+                _report: Some(ends.report),
+            };
+            let status = match process::ended(&plan, None, &[result], None, &usage) {
+                Ok(status) => status,
+                Err(e) => {
+                    ending.finish().await;
+                    return Err(e);
+                }
+            };
+            let outcome = Outcome {
+                status,
+                stdout: io.stdout,
+                stderr_tail: io.stderr_tail,
+                elapsed: since.elapsed(),
+                peak_memory_bytes: usage.peak_memory_bytes,
+                cpu_time: usage.cpu_time,
+            };
+            return Ok((outcome, ending));
+        }
         if cut.is_some() {
             guard.kill();
         }
         let init_status = guard.reap().await?;
         let usage = guard.remove_cgroup();
         let reports = Report::read_all(ends.report);
-        let status = process::ended(&plan, cut, &reports, init_status, &usage)?;
-        Ok(Outcome {
+        let status = process::ended(&plan, cut, &reports, Some(init_status), &usage)?;
+        let outcome = Outcome {
             status,
             stdout: io.stdout,
             stderr_tail: io.stderr_tail,
             elapsed: since.elapsed(),
             peak_memory_bytes: usage.peak_memory_bytes,
             cpu_time: usage.cpu_time,
-        })
+        };
+        Ok((outcome, Ending::default()))
+    }
+}
+
+/// The end of a run answered early ([`Sandbox::answer_prepared`]): init's
+/// exit, which tears the sandbox down, its reap and the removal of its
+/// cgroup. [`Ending::finish`] waits for it without blocking the thread;
+/// dropped, it kills init and reaps it, blocking, as an abandoned run is.
+#[derive(Default)]
+#[must_use = "a run's ending holds its init and cgroup until finished or dropped"]
+pub struct Ending {
+    guard: Option<process::InitGuard>,
+    /// Init's report pipe, held open until init is reaped: init still
+    /// writes to it after a function's failure report.
+    _report: Option<std::os::fd::OwnedFd>,
+}
+
+impl std::fmt::Debug for Ending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ending")
+            .field("init", &self.guard.as_ref().map(process::InitGuard::pid))
+            .finish()
+    }
+}
+
+impl Ending {
+    /// Whether there is anything left to end.
+    pub fn is_pending(&self) -> bool {
+        self.guard.is_some()
+    }
+
+    /// Waits for init's exit, reaps it and removes the run's cgroup.
+    pub async fn finish(mut self) {
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        let pid = guard.pid();
+        let at = Instant::now();
+        if let Err(e) = guard.reap().await {
+            tracing::warn!(init = pid, error = %e, "cannot reap a run's init");
+        }
+        guard.discard_cgroup();
+        tracing::trace!(init = pid, took = ?at.elapsed(), "run ended");
     }
 }

@@ -139,7 +139,8 @@ impl Sandbox {
                     let usage = guard.remove_cgroup();
                     let reports = Report::read_all(report);
                     let cut = stopped.then_some(Status::Signaled(libc::SIGKILL));
-                    process::ended(&plan, cut, &reports, init_status, &usage).map_err(Arc::new)
+                    process::ended(&plan, cut, &reports, Some(init_status), &usage)
+                        .map_err(Arc::new)
                 }
                 Err(e) => Err(Arc::new(e)),
             };

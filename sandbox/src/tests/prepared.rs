@@ -296,3 +296,78 @@ async fn a_prepared_sandbox_that_cannot_be_built_says_why() {
     let fresh = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap_err();
     assert_eq!(fresh.to_string(), err.to_string());
 }
+
+#[tokio::test]
+async fn a_call_answered_early_is_answered_as_any_and_ends_after_without_a_trace() {
+    let fx = Fixture::new();
+    // The function leaves a process running that holds none of its stdio:
+    // the answer does not wait for it, the ending kills it.
+    let marker = format!("{}", 5000 + std::process::id() % 1000);
+    let spec = fx.spec(&format!(
+        "setsid sleep {marker} </dev/null >/dev/null 2>&1 & read x; echo got $x; echo oops >&2; exit 3"
+    ));
+    let (prepared, namespaces, cgroups) = ready(&fx, &spec).await;
+    let pid = prepared.pid();
+    let (out, ending) = fx
+        .sandbox
+        .answer_prepared(prepared, b"in\n", TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(out.status, Status::Exited(3));
+    assert_eq!(text(&out.stdout), "got in\n");
+    assert_eq!(text(&out.stderr_tail), "oops\n");
+    assert!(ending.is_pending(), "{ending:?}");
+    if fx.sandbox.limiter.driver().is_some() {
+        // Read when the function exited, before the run's end.
+        assert!(out.peak_memory_bytes.is_some_and(|b| b > 0), "{out:?}");
+        assert!(out.cpu_time.is_some(), "{out:?}");
+    }
+    ending.finish().await;
+    assert_gone(pid, namespaces, &cgroups);
+    assert_no_process_with(&format!("sleep\0{marker}"));
+
+    // A function that cannot be executed fails as it does in a fresh run,
+    // and a call cut at its timeout has ended when it is answered.
+    let mut spec = fx.spec("unused");
+    spec.argv = vec!["/no/such/entrypoint".into()];
+    let fresh = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap_err();
+    let (prepared, namespaces, cgroups) = ready(&fx, &spec).await;
+    let pid = prepared.pid();
+    let early = fx
+        .sandbox
+        .answer_prepared(prepared, b"", TIMEOUT)
+        .await
+        .unwrap_err();
+    assert_eq!(early.to_string(), fresh.to_string());
+    assert_gone(pid, namespaces, &cgroups);
+
+    let (prepared, namespaces, cgroups) = ready(&fx, &fx.spec("sleep 60")).await;
+    let pid = prepared.pid();
+    let (out, ending) = fx
+        .sandbox
+        .answer_prepared(prepared, b"", Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(out.status, Status::TimedOut);
+    assert!(!ending.is_pending(), "{ending:?}");
+    assert_gone(pid, namespaces, &cgroups);
+}
+
+#[tokio::test]
+async fn a_call_answered_early_past_its_memory_limit_is_out_of_memory() {
+    let fx = Fixture::new();
+    if !fx.sandbox.limit_support().memory.is_available() {
+        eprintln!("no memory limits here: covered by the fresh runs' tests");
+        return;
+    }
+    let mut spec = fx.spec("head -c 200m /dev/zero | tail > /dev/null");
+    spec.limits.memory_bytes = Some(64 << 20);
+    let (prepared, _, _) = ready(&fx, &spec).await;
+    let (out, ending) = fx
+        .sandbox
+        .answer_prepared(prepared, b"", TIMEOUT)
+        .await
+        .unwrap();
+    ending.finish().await;
+    assert_eq!(out.status, Status::OutOfMemory, "{out:?}");
+}
