@@ -9,7 +9,8 @@
 # warm calls on each kind of listener (unix, abstract, TCP, TLS), N_TPUT (400) calls
 # per concurrency level, N_SOAK (10000) runs for the memory check, FLOOR_RUNS
 # (300), RUNC_RUNS (60), COLD_MIB (200), COLD_LAYERS (4), COLD_RUNS (3),
-# PROFILE (1), CARGO_TARGET_DIR (/work/target-bench), OUT (results dir),
+# PROFILE (1), GRPC_GO (1: the grpc-go client's step, built by the tests'
+# toolchain), CARGO_TARGET_DIR (/work/target-bench), OUT (results dir),
 # SRC (the fnrun source tree to build; default: this checkout), PNG (chart),
 # SKIP_BUILD=1 (use the binaries already in CARGO_TARGET_DIR).
 # Results: bench/results/<stamp>/ (raw) and bench/results/latest.json.
@@ -192,6 +193,28 @@ for c in ${CONCURRENCY//,/ }; do
 done
 echo ']}' >> "$OUT/floor-throughput.json"
 snapshot after-throughput >> "$OUT/daemon-snapshots.jsonl"
+
+# ---------------------------------------------------------------- grpc-go
+# The same calls from an independent client: grpc-go, Crossplane's library
+# (the tests' runfunction client in its load mode, one connection as
+# Crossplane shares its ClientConn). Built by the tests' toolchain, cached.
+if [ "${GRPC_GO:-1}" = 1 ]; then
+  log "(d2) grpc-go client: $N_WARM calls one at a time, $N_TPUT at concurrency 8"
+  if cargo test -q --manifest-path "$ROOT/Cargo.toml" -p fnrun-tests --test client_matrix \
+       grpc_gos_load_client_counts_answers_and_failures >"$WORK/grpcgo-build.log" 2>&1; then
+    GO_TOOLS=${FNRUN_TEST_CACHE:-/var/cache/fnrun-tests}/go
+    GO_CLIENT=$(find "$GO_TOOLS" -maxdepth 2 -type f -path '*/runfunction-*/runfunction' -printf '%T@ %p\n' \
+      | sort -n | tail -1 | cut -d' ' -f2)
+    "$GO_CLIENT" -target "unix:$SOCK" -image "$IMAGE" -input "$INPUT" \
+      -calls "$N_WARM" -concurrency 1 -warmup 20 > "$OUT/grpcgo-seq.json"
+    "$GO_CLIENT" -target "unix:$SOCK" -image "$IMAGE" -input "$INPUT" \
+      -calls "$N_TPUT" -concurrency 8 -warmup 5 > "$OUT/grpcgo-c8.json"
+    cat "$OUT/grpcgo-seq.json" "$OUT/grpcgo-c8.json" >&2
+  else
+    echo "cannot build the grpc-go client (GRPC_GO=0 skips it): $WORK/grpcgo-build.log" >&2
+    tail -20 "$WORK/grpcgo-build.log" >&2
+  fi
+fi
 
 # ---------------------------------------------------------------- profile
 if [ "$PROFILE" = 1 ]; then

@@ -81,6 +81,14 @@ def main():
             tput["floor"][str(lvl["concurrency"])] = {
                 "runs_per_s": lvl["throughput_per_s"], "errors": 0 if lvl["xargs_status"] == 0 else -1}
     s["throughput"] = tput
+    # The grpc-go client's load (bench/run.sh's step d2).
+    grpcgo = {}
+    for key, f in (("seq", "grpcgo-seq.json"), ("c8", "grpcgo-c8.json")):
+        doc = load(d, f)
+        if doc:
+            grpcgo[key] = doc
+    if grpcgo:
+        s["grpc_go"] = grpcgo
     cold = load(d, "cold.json")
     if cold:
         s["cold"] = {r["command"]: {"mean_s": r["mean"], "min_s": r["min"], "max_s": r["max"],
@@ -115,6 +123,19 @@ def main():
     if f8 and w8:
         t.append(("throughput@8 >= 60% of floor@8", w8["runs_per_s"] / f8["runs_per_s"], 0.6, ">="))
         t.append(("errors@8 == 0", w8["errors"], 0, "=="))
+    # Issue 23's targets (sandboxes made ahead), for each client.
+    if f and w:
+        t.append(("#23 warm p50 <= 0.7x floor p50", w["p50_ms"] / f["p50_ms"], 0.7, "<="))
+        t.append(("#23 warm p99 <= 1.5x floor p99", w["p99_ms"] / f["p99_ms"], 1.5, "<="))
+    if f8 and w8:
+        t.append(("#23 throughput@8 >= floor@8", w8["runs_per_s"] / f8["runs_per_s"], 1.0, ">="))
+    g = s.get("grpc_go", {})
+    if f and "seq" in g:
+        t.append(("#23 grpc-go: warm p50 <= 0.7x floor p50", g["seq"]["p50_ms"] / f["p50_ms"], 0.7, "<="))
+        t.append(("#23 grpc-go: warm p99 <= 1.5x floor p99", g["seq"]["p99_ms"] / f["p99_ms"], 1.5, "<="))
+    if f8 and "c8" in g:
+        t.append(("#23 grpc-go: throughput@8 >= floor@8", g["c8"]["runs_per_s"] / f8["runs_per_s"], 1.0, ">="))
+        t.append(("grpc-go: errors == 0", g["c8"]["errors"] + g.get("seq", {}).get("errors", 0), 0, "=="))
     if cold and "fnrun-pull" in s["cold"]:
         t.append(("cold <= 1/2 of skopeo+umoci",
                   s["cold"]["fnrun-pull"]["mean_s"] / s["cold"]["skopeo+umoci"]["mean_s"], 0.5, "<="))
@@ -162,6 +183,9 @@ def main():
             print(f"{names[k]:<26}{x['n']:>6}{x['p50_ms']:>9.2f}{x['p90_ms']:>9.2f}{x['p99_ms']:>9.2f}{x['max_ms']:>9.2f}")
     for k, x in s["listeners"].items():
         print(f"{'  on ' + k:<26}{x['n']:>6}{x['p50_ms']:>9.2f}{x['p90_ms']:>9.2f}{x['p99_ms']:>9.2f}{x['max_ms']:>9.2f}")
+    for k, x in s.get("grpc_go", {}).items():
+        print(f"{'grpc-go client, ' + k:<26}{x['calls']:>6}{x['p50_ms']:>9.2f}{'-':>9}{x['p99_ms']:>9.2f}{'-':>9}"
+              f"  {x['runs_per_s']:.1f} runs/s, {x['errors']} errors")
     print()
     levels = sorted({int(c) for v in tput.values() for c in v})
     if levels:

@@ -202,17 +202,61 @@ pub fn go_runfunction() -> Result<PathBuf> {
     Toolchain::find()?.build("runfunction", &[Protos::fnrun_v1alpha1()])
 }
 
-/// RunFunction with grpc-go, dialing as `dial` says.
-pub fn go_run_function(dial: &GoDial, image: &str, input: &[u8]) -> Result<Outcome> {
+/// What the `runfunction` Go client measured in its load mode.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct GoLoad {
+    pub calls: u64,
+    pub concurrency: u64,
+    pub errors: u64,
+    pub first_error: String,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub runs_per_s: f64,
+}
+
+/// A load of `calls` RunFunction calls, `concurrency` at a time on one
+/// grpc-go connection, after `warmup` calls not counted (what
+/// `bench/run.sh`'s grpc-go step runs).
+pub fn go_run_load(
+    dial: &GoDial,
+    image: &str,
+    input: &[u8],
+    (calls, concurrency, warmup): (u32, u32, u32),
+) -> Result<GoLoad> {
     let bin = go_runfunction()?;
-    let (target, dialer) = match dial {
+    let (target, dialer) = go_target(dial);
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["-target", &target, "-image", image, "-input", "-"]);
+    cmd.args(["-calls", &calls.to_string()]);
+    cmd.args(["-concurrency", &concurrency.to_string()]);
+    cmd.args(["-warmup", &warmup.to_string()]);
+    if let Some(dialer) = dialer {
+        cmd.args(["-dial", dialer]);
+    }
+    let out = crate::process::run_capture(&mut cmd, Some(input), crate::python::GUARD);
+    if out.code != Some(0) {
+        bail!("runfunction's load {target} failed: {}", out.describe());
+    }
+    serde_json::from_str(&out.stdout)
+        .with_context(|| format!("runfunction's load printed no summary: {}", out.describe()))
+}
+
+/// The target and dialer `runfunction` takes for `dial`.
+fn go_target(dial: &GoDial) -> (String, Option<&'static str>) {
+    match dial {
         GoDial::Unix(path) => (format!("unix:{}", path.display()), None),
         GoDial::PathWithDialer(path) => (path.display().to_string(), Some("unix")),
         GoDial::AbstractWithDialer(name) => {
             (format!("unix-abstract:{name}"), Some("unix-abstract"))
         }
         GoDial::Tcp(addr) => (addr.clone(), None),
-    };
+    }
+}
+
+/// RunFunction with grpc-go, dialing as `dial` says.
+pub fn go_run_function(dial: &GoDial, image: &str, input: &[u8]) -> Result<Outcome> {
+    let bin = go_runfunction()?;
+    let (target, dialer) = go_target(dial);
     let mut cmd = std::process::Command::new(&bin);
     cmd.args(["-target", &target, "-image", image, "-input", "-"]);
     if let Some(dialer) = dialer {

@@ -332,6 +332,37 @@ impl From<Struct> for serde_json::Value {
     }
 }
 
+/// `bench/run.sh`'s grpc-go load client (the `runfunction` client's load
+/// mode): calls on one connection, several at a time, each answered and
+/// timed; calls that fail are counted as failed, with the first error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_gos_load_client_counts_answers_and_failures() {
+    let registry = Registry::start().expect("registry starts");
+    let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let (_daemon, listeners) = daemon(&None);
+    let dial = listeners[0].go_dial();
+    let (d, i) = (dial.clone(), image.clone());
+    let load = blocking(move || grpc_clients::go_run_load(&d, &i, SAMPLE.as_bytes(), (40, 4, 2)))
+        .await
+        .unwrap_or_else(|e| panic!("grpc-go load: {e:#}"));
+    assert_eq!(
+        (load.calls, load.concurrency, load.errors),
+        (40, 4, 0),
+        "{load:?}"
+    );
+    assert!(load.p50_ms > 0.0 && load.p99_ms >= load.p50_ms, "{load:?}");
+    assert!(load.runs_per_s > 0.0, "{load:?}");
+
+    let missing = registry.reference("fns/missing:v1");
+    let load =
+        blocking(move || grpc_clients::go_run_load(&dial, &missing, SAMPLE.as_bytes(), (6, 2, 0)))
+            .await
+            .unwrap_or_else(|e| panic!("grpc-go load: {e:#}"));
+    assert_eq!((load.calls, load.errors), (6, 6), "{load:?}");
+    assert!(load.first_error.contains("NotFound"), "{load:?}");
+    assert_eq!(load.runs_per_s, 0.0, "{load:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_go_grpcio_grpc_java_and_tonic_call_a_hosted_function_over_h2c_and_mtls() {
     if !require_root("grpc_go_grpcio_grpc_java_and_tonic_call_a_hosted_function_over_h2c_and_mtls")
