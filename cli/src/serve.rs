@@ -105,7 +105,8 @@ pub struct ServeArgs {
     pub sandbox_pool_memory: Option<u64>,
     /// Pull these images into the cache at start, unless cached (for Porch's
     /// functions, say). A failed prefetch is a warning; the daemon serves
-    /// meanwhile.
+    /// meanwhile. With --sandbox-pool, each kind of run of these images
+    /// keeps one sandbox made ahead once called, also while not called.
     #[arg(long, value_name = "IMAGE", num_args = 1..)]
     pub prefetch: Vec<String>,
     #[command(flatten)]

@@ -28,7 +28,10 @@
 //!   made (its rate times the time a sandbox takes to make), within
 //!   [`PER_KIND`] and the operator's total bound. A kind not called for
 //!   [`IDLE`] has no target: its sandboxes are ended. An idle daemon holds
-//!   none.
+//!   none, except for the images the operator asked to keep ready
+//!   ([`Pool::keep_ready`], `--prefetch`): each kind of run of those that
+//!   was called keeps one sandbox while not called, so that a call every
+//!   minute (Crossplane's default poll) still finds one.
 //! - **Places.** A sandbox made ahead by someone else (a function server's
 //!   spare in `fnrun_host`) takes a [`Place`] in the same bounds.
 //! - **Memory.** Each sandbox is measured once ready
@@ -44,7 +47,7 @@
 //!   then prunes the cache to `--cache-max-size`, which could not evict the
 //!   image while the pool held it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -133,6 +136,9 @@ struct Kind {
     last_call: Instant,
     /// No sandbox is made for it before this (one could not be made).
     backoff_until: Option<Instant>,
+    /// One sandbox is kept while it is not called (its image is kept
+    /// ready).
+    kept: bool,
 }
 
 impl Kind {
@@ -148,6 +154,7 @@ impl Kind {
             window_start: now,
             last_call: now,
             backoff_until: None,
+            kept: false,
         }
     }
 
@@ -171,11 +178,11 @@ impl Kind {
 
     /// How many sandboxes it should have ready or in the making.
     fn target(&self, now: Instant, make_time: Duration, per_kind: usize) -> usize {
-        if now.saturating_duration_since(self.last_call) >= IDLE {
-            return 0;
-        }
         if self.backoff_until.is_some_and(|t| now < t) {
             return 0;
+        }
+        if self.is_idle(now) {
+            return usize::from(self.kept).min(per_kind);
         }
         let peak = self.peak.max(self.previous_peak).max(1);
         // Its calls over this window and the one before, scaled to the time
@@ -189,6 +196,11 @@ impl Kind {
 
     fn held(&self) -> usize {
         self.ready.len() + self.making
+    }
+
+    /// Not called for [`IDLE`], and no call of it running.
+    fn is_idle(&self, now: Instant) -> bool {
+        self.in_flight == 0 && now.saturating_duration_since(self.last_call) >= IDLE
     }
 }
 
@@ -206,6 +218,8 @@ struct State {
     bytes: u64,
     /// What one sandbox holds (moving average of those measured).
     estimate: Option<u64>,
+    /// The layers of the images whose kinds keep a sandbox while idle.
+    kept_images: HashSet<Vec<PathBuf>>,
 }
 
 impl State {
@@ -335,6 +349,22 @@ impl Pool {
         let _ = self.inner.on_lease_ended.set(Box::new(ended));
     }
 
+    /// Keeps one sandbox ready for each kind of run of the image with these
+    /// layers that has been called, also while it is not called
+    /// (`--prefetch`): its first call makes its own, as any, and from then
+    /// on a call finds one, however rare its calls. The sandboxes count in
+    /// the pool's bounds as any, and hold the image's lease, so no prune
+    /// evicts it while they are kept.
+    pub fn keep_ready(&self, layers: Vec<PathBuf>) {
+        let mut state = self.inner.lock();
+        for (key, kind) in &mut state.kinds {
+            if key.layers == layers {
+                kind.kept = true;
+            }
+        }
+        state.kept_images.insert(layers);
+    }
+
     /// Runs `spec` as [`Sandbox::run`] does, on a sandbox of the pool when
     /// one of its kind is ready, else on one made now; then has the pool
     /// refilled. `lease` is the image's, which pooled sandboxes keep.
@@ -406,10 +436,11 @@ impl Pool {
                 state.sweeping = true;
                 tokio::spawn(sweep(Arc::downgrade(&self.inner)));
             }
-            let kind = state
-                .kinds
-                .entry(key.clone())
-                .or_insert_with(|| Kind::new(now));
+            let kept = state.kept_images.contains(&key.layers);
+            let kind = state.kinds.entry(key.clone()).or_insert_with(|| Kind {
+                kept,
+                ..Kind::new(now)
+            });
             kind.roll(now);
             kind.in_flight += 1;
             kind.peak = kind.peak.max(kind.in_flight);
@@ -613,8 +644,9 @@ fn discard(inner: Arc<Inner>, entry: Entry) {
     });
 }
 
-/// Ends the sandboxes of kinds not called lately, and forgets the kinds,
-/// every [`SWEEP`], until no kind is left (or the pool is dropped).
+/// Ends the sandboxes of kinds not called lately, and forgets the kinds
+/// (but for one sandbox of each kind kept ready, see [`Pool::keep_ready`]),
+/// every [`SWEEP`], until nothing is left to end (or the pool is dropped).
 async fn sweep(inner: Weak<Inner>) {
     loop {
         tokio::time::sleep(SWEEP).await;
@@ -626,7 +658,12 @@ async fn sweep(inner: Weak<Inner>) {
         let done = {
             let mut state = inner.lock();
             state.kinds.retain(|_, kind| {
-                if now.saturating_duration_since(kind.last_call) < IDLE || kind.in_flight > 0 {
+                if !kind.is_idle(now) {
+                    return true;
+                }
+                if kind.kept {
+                    let extra = kind.ready.len().saturating_sub(1);
+                    ended.extend(kind.ready.drain(..extra));
                     return true;
                 }
                 // Sandboxes still in the making find their kind gone.
@@ -636,7 +673,9 @@ async fn sweep(inner: Weak<Inner>) {
             let bytes = ended.iter().map(|e| e.bytes).sum();
             state.remove(ended.len(), bytes);
             inner.set_gauge(&state);
-            let done = state.kinds.is_empty();
+            // Only kept kinds, idle, are left: nothing more to sweep until
+            // a call (which starts the sweeper again).
+            let done = state.kinds.values().all(|k| k.kept && k.is_idle(now));
             if done {
                 state.sweeping = false;
             }
@@ -668,6 +707,27 @@ mod tests {
         kind.backoff_until = Some(t0 + BACKOFF);
         assert_eq!(kind.target(t0, MAKE, PER_KIND), 0);
         assert!(kind.target(t0 + BACKOFF, MAKE, PER_KIND) > 0);
+    }
+
+    #[test]
+    fn a_kept_kind_wants_one_while_not_called() {
+        let t0 = Instant::now();
+        let mut kind = Kind {
+            kept: true,
+            ..Kind::new(t0)
+        };
+        kind.calls = 50;
+        kind.peak = 4;
+        assert!(kind.target(t0, MAKE, PER_KIND) > 1);
+        assert_eq!(kind.target(t0 + IDLE, MAKE, PER_KIND), 1);
+        assert_eq!(kind.target(t0 + IDLE * 100, MAKE, PER_KIND), 1);
+        // Not while it cannot be made.
+        kind.backoff_until = Some(t0 + IDLE + BACKOFF);
+        assert_eq!(kind.target(t0 + IDLE, MAKE, PER_KIND), 0);
+        // And a kind not kept wants none.
+        kind.backoff_until = None;
+        kind.kept = false;
+        assert_eq!(kind.target(t0 + IDLE, MAKE, PER_KIND), 0);
     }
 
     #[test]

@@ -321,7 +321,8 @@ impl Runner {
     }
 
     /// Gets `image` into the cache unless it is there (`--prefetch`), as a run
-    /// would: its registry must be allowed.
+    /// would: its registry must be allowed. With a sandbox pool, each kind
+    /// of run of it keeps a sandbox ready once called ([`Pool::keep_ready`]).
     pub async fn prefetch(
         &self,
         image: &str,
@@ -338,6 +339,9 @@ impl Runner {
             .await?;
         if got.image.pulled {
             self.metrics.pulls_ok.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(pool) = &self.pool {
+            pool.keep_ready(got.image.layers.clone());
         }
         Ok(Prefetched {
             digest: got.image.digest,

@@ -515,3 +515,77 @@ async fn the_sandbox_pools_memory_budget_holds() {
     );
     assert_eq!(sandbox_inits_of(pid), Vec::<u32>::new());
 }
+
+/// Polls the daemon's metrics until `ready(body)`, for at most `within`.
+async fn metrics_until(addr: &str, within: Duration, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let body = http_get(addr, "/metrics").expect("GET /metrics").1;
+        if ready(&body) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "not within {within:?}:\n{body}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefetched_images_calls_find_a_sandbox_ready_however_rare() {
+    let registry = Registry::start().expect("registry starts");
+    let kept = TestImage::script("exec cat").push_to(&registry, "fns/kept:v1");
+    let other = TestImage::script("cat").push_to(&registry, "fns/other:v1");
+    let addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    let daemon = Daemon::start(
+        DaemonOpts::default()
+            .arg("--metrics-listen")
+            .arg(&addr)
+            .arg("--sandbox-pool=8")
+            .arg("--prefetch")
+            .arg(&kept),
+    )
+    .expect("fnrun serve starts");
+    let pid = daemon.pid().expect("the daemon's pid");
+    fnrun_tests::wait_for(Duration::from_secs(30), || {
+        daemon.log().contains("prefetched the image").then_some(())
+    })
+    .unwrap_or_else(|| panic!("no prefetch in the log:\n{}", daemon.log()));
+    let mut client = daemon.client().await.expect("connects");
+    let mut call = async |image: &str| {
+        let out = client::run_function(&mut client, Run::new(image, SAMPLE).build())
+            .await
+            .expect("the call runs");
+        assert_eq!(String::from_utf8_lossy(&out.output), SAMPLE);
+    };
+    call(&kept).await;
+    call(&other).await;
+
+    // Neither is called for 10 s: the other image's sandboxes end, the
+    // prefetched image's kind keeps one, which is one waiting init.
+    let body = metrics_until(&addr, Duration::from_secs(30), |body| {
+        sample(body, "fnrun_sandbox_pool_sandboxes") == 1.0 && sandbox_inits_of(pid).len() == 1
+    })
+    .await;
+    assert!(
+        sample(&body, "fnrun_sandbox_pool_memory_bytes") > 0.0,
+        "{body}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(sandbox_inits_of(pid).len(), 1, "the kept sandbox went");
+
+    // The next call of it takes that one; the other image's makes its own.
+    let hits = sample(&body, "fnrun_sandbox_pool_hits_total");
+    let misses = sample(&body, "fnrun_sandbox_pool_misses_total");
+    call(&kept).await;
+    call(&other).await;
+    let body = http_get(&addr, "/metrics").expect("GET /metrics").1;
+    assert_eq!(
+        sample(&body, "fnrun_sandbox_pool_hits_total"),
+        hits + 1.0,
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, "fnrun_sandbox_pool_misses_total"),
+        misses + 1.0,
+        "{body}"
+    );
+}
