@@ -121,6 +121,12 @@ struct Args {
     /// Crossplane and Porch do.
     #[arg(long)]
     deadline: Option<u64>,
+    /// Each worker waits this many milliseconds after each of its calls: a
+    /// call rate below the machine's, so that what the daemon does after a
+    /// call (a pooled sandbox's refill, a run's end) is done before the
+    /// next one, as between a reconcile loop's calls. 0: back to back.
+    #[arg(long, default_value_t = 0)]
+    pause_ms: u64,
     /// Also write the raw latencies (ms) of each level into the JSON.
     #[arg(long)]
     raw: bool,
@@ -221,6 +227,7 @@ async fn run_level(args: &Args, input: &Arc<Vec<u8>>, c: usize) -> Result<Level>
         let next = Arc::clone(&next);
         let (image, input) = (args.image.clone(), Arc::clone(input));
         let n = args.requests;
+        let pause = Duration::from_millis(args.pause_ms);
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut errors = 0usize;
@@ -247,6 +254,9 @@ async fn run_level(args: &Args, input: &Arc<Vec<u8>>, c: usize) -> Result<Level>
                         errors += 1;
                         first_error.get_or_insert_with(|| "client timeout".to_owned());
                     }
+                }
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
                 }
             }
             (lat, errors, first_error)
