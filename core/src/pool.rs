@@ -398,7 +398,7 @@ impl Pool {
         // making a sandbox (a clone; on cgroup v1 the cloning thread's moves
         // between cgroups, which hold up every fork and exit on the host for
         // a moment; some forty mounts) slowed the call's own fork, exec and
-        // exit (docs/benchmarks.md: p50 x0.85 with the refill after the
+        // exit (docs/benchmarks.md: p50 x0.86 with the refill after the
         // answer). A call that makes its own sandbox does not queue behind
         // the pool's at the spawner either.
         self.refill(&key, spec, lease.clone());

@@ -287,37 +287,30 @@ impl Sandbox {
             Ok(_) if io.output_too_large => Some(Status::OutputTooLarge),
             Ok(_) => None,
         };
-        // Answered early: the function has exited, and its result is in.
-        if let Ok(Some(result)) = finished {
+        let (status, usage, ending) = if let Ok(Some(result)) = finished {
+            // Answered early: the function has exited, and its result is in.
             let usage = guard.usage();
             let ending = Ending {
                 guard: Some(guard),
                 _report: Some(ends.report),
             };
-            let status = match process::ended(&plan, None, &[result], None, &usage) {
-                Ok(status) => status,
+            match process::ended(&plan, None, &[result], None, &usage) {
+                Ok(status) => (status, usage, ending),
                 Err(e) => {
                     ending.finish().await;
                     return Err(e);
                 }
-            };
-            let outcome = Outcome {
-                status,
-                stdout: io.stdout,
-                stderr_tail: io.stderr_tail,
-                elapsed: since.elapsed(),
-                peak_memory_bytes: usage.peak_memory_bytes,
-                cpu_time: usage.cpu_time,
-            };
-            return Ok((outcome, ending));
-        }
-        if cut.is_some() {
-            guard.kill();
-        }
-        let init_status = guard.reap().await?;
-        let usage = guard.remove_cgroup();
-        let reports = Report::read_all(ends.report);
-        let status = process::ended(&plan, cut, &reports, Some(init_status), &usage)?;
+            }
+        } else {
+            if cut.is_some() {
+                guard.kill();
+            }
+            let init_status = guard.reap().await?;
+            let usage = guard.remove_cgroup();
+            let reports = Report::read_all(ends.report);
+            let status = process::ended(&plan, cut, &reports, Some(init_status), &usage)?;
+            (status, usage, Ending::default())
+        };
         let outcome = Outcome {
             status,
             stdout: io.stdout,
@@ -326,7 +319,7 @@ impl Sandbox {
             peak_memory_bytes: usage.peak_memory_bytes,
             cpu_time: usage.cpu_time,
         };
-        Ok((outcome, Ending::default()))
+        Ok((outcome, ending))
     }
 }
 
