@@ -21,10 +21,8 @@
 //!   the background, off the call's path (at most [`MAX_ENDING`] at once;
 //!   beyond that a call waits for its own). A call that makes its own
 //!   sandbox (the pool empty) is answered and ended the same way.
-//! - **Refilled after a call**, in the background once the call is
-//!   answered: a call never waits for the pool, and the pool's work does not
-//!   run beside the call's. One that finds it empty makes its own sandbox,
-//!   as without a pool.
+//! - **Refilled after a take**, in the background: a call never waits for the
+//!   pool. One that finds it empty makes its own sandbox, as without a pool.
 //! - **Sized by the calls.** A kind's target is the most calls of it in
 //!   flight at once lately plus the calls expected while a sandbox is being
 //!   made (its rate times the time a sandbox takes to make), within
@@ -382,7 +380,9 @@ impl Pool {
             return sandbox.run(spec, input, timeout).await;
         };
         let (taken, _in_flight) = self.take(&key);
-        // The call's own lease lives until its run is over.
+        // The refill starts once this call has its sandbox, so that a call
+        // that makes its own does not queue behind the pool's at the
+        // spawner. The call's own lease lives until its run is over.
         let (run, _its_lease) = match taken {
             Some(Entry { run, _lease, .. }) => {
                 self.inner.metrics.pool_hits.fetch_add(1, Relaxed);
@@ -393,16 +393,8 @@ impl Pool {
                 (sandbox.prepare(spec)?, None)
             }
         };
-        let answered = sandbox.answer_prepared(run, input, timeout).await;
-        // The refill starts once the call is answered, not while it runs:
-        // making a sandbox (a clone; on cgroup v1 the cloning thread's moves
-        // between cgroups, which hold up every fork and exit on the host for
-        // a moment; some forty mounts) slowed the call's own fork, exec and
-        // exit (docs/benchmarks.md: p50 x0.86 with the refill after the
-        // answer). A call that makes its own sandbox does not queue behind
-        // the pool's at the spawner either.
         self.refill(&key, spec, lease.clone());
-        let (outcome, ending) = answered?;
+        let (outcome, ending) = sandbox.answer_prepared(run, input, timeout).await?;
         // The sandbox's overlay root stands on the image's layers until its
         // mount namespace is gone: the leases go with its ending.
         self.end(ending, [_its_lease, lease]).await;
