@@ -8,19 +8,20 @@
 //!
 //! Process model inside the new PID namespace:
 //! - PID 1 is [`init_main`] ("init"). It waits for the parent to write the id
-//!   maps, builds the root filesystem (the plan's [`crate::steps`]), reports
-//!   that it is ready, waits for the call (a second byte on the sync pipe:
-//!   a prepared sandbox waits here until a call takes it, a fresh run gets
-//!   it at once), forks the function and reaps every process until the
-//!   function exits. It then
+//!   maps, builds the root filesystem (the plan's [`crate::steps`]), forks
+//!   the function and reaps every process until the function exits. It then
 //!   reports the function's wait status and exits, which makes the kernel
 //!   kill whatever else is left in the PID namespace. In a service run it
 //!   also serves the parent's requests for sockets in the run's network
 //!   namespace (see [`sockets`]).
 //! - PID 2 is the function ([`function_main`]): it takes its stdio, drops
 //!   every privilege (empty capability sets including the bounding set,
-//!   no_new_privs, locked securebits), sets its resource limits, installs the
-//!   seccomp filter last and execs.
+//!   no_new_privs, locked securebits), sets its resource limits and installs
+//!   the seccomp filter. It then reports that the sandbox is ready and waits
+//!   for the call (a second byte on the sync pipe: a prepared sandbox waits
+//!   here until a call takes it, a fresh run gets it at once), and execs. So
+//!   everything but the exec is done before the call, in a sandbox made
+//!   ahead of it; the function's code runs only after the call came.
 //!
 //! Each stage of both, in order, is a [`Stage`], with its description: a
 //! failing stage is reported as a [`Report`] (stage and errno) on the report
@@ -40,8 +41,8 @@ use crate::sys;
 /// The descriptors init starts with (its ends of the run's pipes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct InitFds {
-    /// Parent to init: one byte once the id maps are written, a second one
-    /// when the call comes (see [`Stage::WaitForCall`]).
+    /// Parent to init: one byte once the id maps are written; parent to the
+    /// function: a second one when the call comes (see [`Stage::WaitForCall`]).
     pub sync: RawFd,
     /// Init and the function to the parent: [`Report`]s.
     pub report: RawFd,
@@ -121,8 +122,6 @@ pub(crate) enum Stage {
     CgroupNamespace,
     /// Step `n` of the plan's root filesystem steps.
     Step(u32),
-    /// Waiting for the call: the root is built, the function not forked.
-    WaitForCall,
     ServeSockets,
     ForkFunction,
     // The function (PID 2), up to its exec.
@@ -140,6 +139,9 @@ pub(crate) enum Stage {
     DropCaps,
     Rlimits,
     Seccomp,
+    /// Waiting for the call: the root is built and the function is at its
+    /// exec, with every privilege dropped and the seccomp filter installed.
+    WaitForCall,
     Exec,
 }
 
@@ -200,9 +202,9 @@ pub(crate) enum Report {
     Failed { stage: Stage, errno: i32 },
     /// The function exited: its raw wait status, as init saw it.
     Exited { status: i32 },
-    /// The root is built and init waits for the call (see
-    /// [`Stage::WaitForCall`]). Not a result: [`Report::read_all`] leaves it
-    /// out.
+    /// The root is built and the function waits for the call at its exec
+    /// (see [`Stage::WaitForCall`]). Not a result: [`Report::read_all`]
+    /// leaves it out.
     Ready,
 }
 
@@ -356,16 +358,6 @@ pub(crate) fn init_main(init: &Init<'_>) -> ! {
             fail(init, Stage::Step(i), e, 125);
         }
     }
-    // Ready: everything that does not depend on the call is done. A prepared
-    // sandbox waits here until a call takes it; a parent that drops it
-    // closes the pipe instead, and init exits.
-    Report::Ready.send(init.fds.report);
-    match sys::read(init.fds.sync, &mut byte) {
-        Ok(1) => {}
-        Ok(_) => sys::exit(125),
-        Err(e) => fail(init, Stage::WaitForCall, e, 125),
-    }
-    sys::close(init.fds.sync);
     // Before the fork, so that the function's exit cannot be missed; the
     // function clears the signal mask it inherits.
     let sigchld = match init.fds.sockets {
@@ -383,8 +375,15 @@ pub(crate) fn init_main(init: &Init<'_>) -> ! {
     };
 
     // Only the function holds the stdio pipes now, so the parent sees EOF
-    // when the function and everything it started are gone.
-    for fd in [init.fds.stdin, init.fds.stdout, init.fds.stderr] {
+    // when the function and everything it started are gone; and only it
+    // reads the sync pipe, so a parent that drops the sandbox unused ends
+    // it (the function reads EOF and exits, and init with it).
+    for fd in [
+        init.fds.stdin,
+        init.fds.stdout,
+        init.fds.stderr,
+        init.fds.sync,
+    ] {
         sys::close(fd);
     }
     // The kernel never delivers SIGHUP to a namespace init from inside
@@ -568,11 +567,22 @@ fn function_main(init: &Init<'_>) -> ! {
         }
     }
     // Last, so that nothing above needs to be allowed by the filter: from here
-    // on only execve (and, on failure, write and exit_group) run.
+    // on only write, read and execve (and, on failure, exit_group) run,
+    // which every profile must allow (see `fnrun_seccomp::NEEDED`).
     if let Some(program) = init.seccomp {
         if let Err(e) = sys::seccomp_filter(program) {
             fail(Stage::Seccomp, e);
         }
+    }
+    // Ready: everything that does not depend on the call is done. A prepared
+    // sandbox waits here until a call takes it; a parent that drops it
+    // closes the pipe instead, and the function exits, and init with it.
+    Report::Ready.send(init.fds.report);
+    let mut byte = [0u8; 1];
+    match sys::read(init.fds.sync, &mut byte) {
+        Ok(1) => {}
+        Ok(_) => sys::exit(125),
+        Err(e) => fail(Stage::WaitForCall, e),
     }
     let mut err = Errno::ENOENT;
     for path in &plan.exec_paths {

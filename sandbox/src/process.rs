@@ -61,14 +61,25 @@ pub(crate) struct Started {
     /// Just before the clone.
     pub at: Instant,
     /// The parent's end of the sync pipe, for the call's byte.
-    go: OwnedFd,
+    pub go: Go,
 }
 
 impl Started {
-    /// Lets init fork the function. A dead init is no error here: how it
-    /// ended is read once it is reaped (its report, or [`Error::InitDied`]).
-    pub fn go(&mut self) {
-        let _ = sys::write_all(self.go.as_raw_fd(), &[1]);
+    /// Lets the function exec (see [`Go::send`]).
+    pub fn go(&self) {
+        self.go.send();
+    }
+}
+
+/// The parent's end of a run's sync pipe, once init is released: one more
+/// byte lets the function exec.
+pub(crate) struct Go(OwnedFd);
+
+impl Go {
+    /// Lets the function exec. A dead init is no error here: how it ended
+    /// is read once it is reaped (its report, or [`Error::InitDied`]).
+    pub fn send(&self) {
+        let _ = sys::write_all(self.0.as_raw_fd(), &[1]);
     }
 }
 
@@ -182,7 +193,7 @@ impl Sandbox {
             },
             plan,
             at,
-            go: sync_write,
+            go: Go(sync_write),
         })
     }
 }

@@ -3,12 +3,12 @@
 //!
 //! It is two halves. [`Sandbox::prepare`] does everything that does not
 //! depend on the call: the pipes, the plan, the cgroup, the clone, the id
-//! maps, and in init the whole root (mounts, `/proc`, `pivot_root`), after
-//! which init reports that it is ready and waits. [`Sandbox::run_prepared`]
-//! is the call: it hands init the go, writes the input, reads the output
-//! under the timeout, and ends the run. Init forks the function only then,
-//! and the function drops every privilege and installs the seccomp filter
-//! before its exec exactly as in any run. [`Sandbox::run`] is the two in a
+//! maps, and in init the whole root (mounts, `/proc`, `pivot_root`); then
+//! init forks the function, which drops every privilege and installs the
+//! seccomp filter exactly as in any run, reports that it is ready and waits
+//! at its exec. [`Sandbox::run_prepared`] is the call: it hands the function
+//! the go, writes the input, reads the output under the timeout, and ends
+//! the run. [`Sandbox::run`] is the two in a
 //! row. A [`PreparedRun`] serves one call; dropping it unused kills its init
 //! and removes its cgroup, as for any abandoned run. A service run is made
 //! ahead the same way ([`Sandbox::prepare_service`]).
@@ -40,7 +40,8 @@ pub struct Outcome {
 }
 
 /// A sandbox made ahead of its use: init in its namespaces, cgroup and id
-/// maps, building (or done building) the root, waiting for the go. Serves
+/// maps, building (or done building) the root, and then the function
+/// waiting for the go at its exec. Serves
 /// one run. Dropped unused, it kills its init (and with it the whole
 /// sandbox) and removes its cgroup. `K` says what it was made for:
 /// [`PreparedRun`] ([`Sandbox::prepare`], for [`Sandbox::run_prepared`]) or
@@ -83,8 +84,9 @@ impl<K> Prepared<K> {
         self.started.guard.pid()
     }
 
-    /// Waits until init has built the root and waits for the go. An error
-    /// when it could not (which step failed, with its errno) or died: such a
+    /// Waits until init has built the root and the function waits for the
+    /// go at its exec. An error when they could not (which step or stage
+    /// failed, with its errno) or died: such a
     /// sandbox is of no use, drop it.
     pub async fn ready(&mut self) -> Result<(), Error> {
         if self.ready {
@@ -250,17 +252,21 @@ impl Sandbox {
         since: Instant,
         early: bool,
     ) -> Result<(Outcome, Ending), Error> {
-        let mut started = prepared.started;
-        started.go();
         let process::Started {
             mut guard,
             ends,
             plan,
+            go,
             ..
-        } = started;
+        } = prepared.started;
         let stderr = ends.stderr.expect("a per-call run has its own stderr pipe");
-        let stdio = stdio::Stdio::new(ends.stdin, ends.stdout, stderr)
+        let mut stdio = stdio::Stdio::new(ends.stdin, ends.stdout, stderr)
             .map_err(Error::io("set up the run's stdio"))?;
+        // The input first, then the go: the function finds its input when it
+        // first reads.
+        let written = stdio.prefill(input);
+        go.send();
+        let input = &input[written..];
         let mut io = stdio::Pumped::default();
         let exited = guard.exited();
         let report = &ends.report;

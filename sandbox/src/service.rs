@@ -44,8 +44,8 @@ pub struct ServiceExit {
     pub stopped: bool,
     /// The last bytes of its stdout and stderr.
     pub output_tail: Vec<u8>,
-    /// From the server's start (the go that lets init fork it, once the
-    /// sandbox is built) to the end of the run.
+    /// From the server's start (the go that lets it exec, once the sandbox
+    /// is built) to the end of the run.
     pub elapsed: Duration,
 }
 
@@ -87,9 +87,9 @@ impl Sandbox {
         Ok(PreparedService::new(self.start(spec, Kind::Service)?))
     }
 
-    /// Starts the server of a prepared service run: init forks it, and it
-    /// drops every privilege and installs the seccomp filter before its exec
-    /// exactly as in any run. `prepared` must come from this sandbox. Call
+    /// Starts the server of a prepared service run: it execs (it dropped
+    /// every privilege and installed the seccomp filter when the sandbox was
+    /// made, exactly as in any run). `prepared` must come from this sandbox. Call
     /// from a tokio runtime. If init died meanwhile, the returned service
     /// ends at once and says how ([`Service::exited`]).
     pub fn start_prepared_service(&self, prepared: PreparedService) -> Result<Service, Error> {

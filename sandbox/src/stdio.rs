@@ -13,7 +13,8 @@ use tokio::task::JoinHandle;
 
 /// The parent's ends of the three pipes.
 pub(crate) struct Stdio {
-    stdin: pipe::Sender,
+    /// Closed once the whole input is written.
+    stdin: Option<pipe::Sender>,
     stdout: pipe::Receiver,
     stderr: pipe::Receiver,
 }
@@ -29,10 +30,25 @@ pub(crate) struct Pumped {
 impl Stdio {
     pub fn new(stdin: OwnedFd, stdout: OwnedFd, stderr: OwnedFd) -> std::io::Result<Self> {
         Ok(Stdio {
-            stdin: pipe::Sender::from_owned_fd(stdin)?,
+            stdin: Some(pipe::Sender::from_owned_fd(stdin)?),
             stdout: pipe::Receiver::from_owned_fd(stdout)?,
             stderr: pipe::Receiver::from_owned_fd(stderr)?,
         })
+    }
+
+    /// Writes as much of `input` as the stdin pipe takes without waiting,
+    /// and closes stdin if that was all of it; returns how many bytes it
+    /// wrote. Done before the function starts, its input is there when it
+    /// first reads, and the parent need not be scheduled again in between.
+    pub fn prefill(&mut self, input: &[u8]) -> usize {
+        let Some(stdin) = &self.stdin else { return 0 };
+        // Would block (the pipe is full) or failed: the pump writes the rest,
+        // and a broken pipe is the function's choice (see `pump`).
+        let written = stdin.try_write(input).unwrap_or(0);
+        if written == input.len() {
+            self.stdin = None;
+        }
+        written
     }
 
     /// Writes `input`, then closes stdin; reads stdout (at most `max_output`
@@ -40,15 +56,16 @@ impl Stdio {
     /// stdout passes its limit.
     pub async fn pump(self, input: &[u8], max_output: usize, tail: usize, out: &mut Pumped) {
         let Stdio {
-            mut stdin,
+            stdin,
             mut stdout,
             mut stderr,
         } = self;
         let write = async move {
             // A function may exit, or close stdin, without reading it all: the
             // broken pipe is its choice, not an error of the run.
-            let _ = stdin.write_all(input).await;
-            drop(stdin);
+            if let Some(mut stdin) = stdin {
+                let _ = stdin.write_all(input).await;
+            }
         };
         let Pumped {
             stdout: out_buf,

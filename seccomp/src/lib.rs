@@ -18,7 +18,7 @@
 //!   "comment": "optional, free text",
 //!   "default_action": { "errno": "EPERM" },
 //!   "syscalls": [
-//!     { "comment": "why", "action": "allow", "names": ["read", "write"] },
+//!     { "comment": "why", "action": "allow", "names": ["read", "write", "execve", "exit_group"] },
 //!     { "action": "allow", "names": ["open"], "arches": ["x86_64"] },
 //!     { "action": "allow", "names": ["socket"],
 //!       "args": [{ "index": 0, "type": "dword", "op": "ne", "val": 40 }] },
@@ -43,6 +43,8 @@
 //! - A name may have one action only, across all groups.
 //! - `denied` is documentation that is enforced: a name listed there may not
 //!   appear in an `allow` or `log` group.
+//! - The calls of [`NEEDED`] must be allowed without conditions: the sandbox
+//!   makes them itself under the filter, before the function's exec.
 //!
 //! The program checks the architecture first and kills a process that makes a
 //! system call of another one (e.g. 32-bit `int 0x80` on x86_64).
@@ -55,7 +57,7 @@ use serde_json::{Value, json};
 pub use seccompiler::{BpfProgram, sock_filter};
 
 pub use crate::profile::{
-    Action, Condition, DEFAULT_PROFILE, Denied, Error, Group, Op, Profile, Width,
+    Action, Condition, DEFAULT_PROFILE, Denied, Error, Group, NEEDED, Op, Profile, Width,
 };
 
 #[cfg(not(any(

@@ -11,6 +11,12 @@ use serde_json::{Value, json};
 /// The default profile's source.
 pub const DEFAULT_PROFILE: &str = include_str!("../profiles/default.json");
 
+/// System calls the sandbox itself makes once the filter is installed: the
+/// function reports that it is ready (`write`), waits for the call (`read`),
+/// execs (`execve`), or reports a failure and exits (`exit_group`). Every
+/// profile must allow them unconditionally.
+pub const NEEDED: [&str; 4] = ["read", "write", "execve", "exit_group"];
+
 /// Architectures a profile may name (those `seccompiler` knows).
 pub(crate) const ARCHES: [&str; 3] = ["x86_64", "aarch64", "riscv64"];
 
@@ -48,6 +54,14 @@ pub enum Error {
     /// A system call is both listed as denied and allowed.
     #[error("{name} is listed as denied but allowed by a syscall group")]
     DeniedButAllowed { name: String },
+    /// A call the sandbox makes under the filter, before its exec, is not
+    /// always allowed.
+    #[error(
+        "{name} must be allowed without conditions (on {arch}): the sandbox calls it after \
+         installing the filter, before the function's exec (every profile must allow {})",
+        NEEDED.join(", ")
+    )]
+    NeededNotAllowed { name: String, arch: String },
     /// seccompiler compiled a call into a program of an unexpected shape.
     #[error("cannot find the number of system call {name:?} on {arch}")]
     UnknownSyscall { arch: String, name: String },
@@ -274,7 +288,37 @@ impl Profile {
                 name: (*name).to_owned(),
             });
         }
+        for arch in ARCHES {
+            for name in NEEDED {
+                if !self.always_allows(arch, name) {
+                    return Err(Error::NeededNotAllowed {
+                        name: name.to_owned(),
+                        arch: arch.to_owned(),
+                    });
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Whether `name` is allowed on `arch` whatever its arguments: by a group
+    /// without conditions, or by the default action when no group gives it
+    /// another one.
+    fn always_allows(&self, arch: &str, name: &str) -> bool {
+        let mut groups = self
+            .syscalls
+            .iter()
+            .filter(|g| g.applies_to(arch) && g.names.iter().any(|n| n == name));
+        // A name has one action across its groups (checked above).
+        match groups.next() {
+            None => self.default_action.allows(),
+            Some(g) if !g.action.allows() => false,
+            Some(g) => {
+                self.default_action.allows()
+                    || g.args.is_empty()
+                    || groups.any(|g| g.args.is_empty())
+            }
+        }
     }
 
     /// Every name listed under `denied`.

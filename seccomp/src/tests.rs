@@ -208,7 +208,7 @@ fn program_returns_the_expected_actions() {
 const EVERY_FEATURE: &str = r#"{
     "default_action": { "errno": "EPERM" },
     "syscalls": [
-        { "action": "allow", "names": ["read", "write", "getpid"] },
+        { "action": "allow", "names": ["read", "write", "getpid", "execve", "exit_group"] },
         { "action": { "errno": "ENOSYS" }, "names": ["clone3"] },
         { "action": "trap", "names": ["kill"] },
         { "action": "log", "names": ["tkill"] },
@@ -410,7 +410,8 @@ fn chained_actions_and_permissive_profiles_compile() {
             "syscalls": [
                 { "action": "allow", "names": ["socket"],
                   "args": [{ "index": 0, "type": "dword", "op": "eq", "val": 1 }] },
-                { "action": "allow", "names": ["socket"] }
+                { "action": "allow", "names": ["socket"] },
+                { "action": "allow", "names": ["read", "write", "execve", "exit_group"] }
             ]
         }"#,
     )
@@ -450,11 +451,43 @@ fn invalid_profiles_are_rejected_with_a_reason() {
                  "denied": [{ "names": ["mount"] }] }"#,
             "mount is listed as denied",
         ),
+        // The calls the sandbox makes under the filter, before the exec.
+        (
+            r#"{ "default_action": { "errno": "EPERM" }, "syscalls": [
+                { "action": "allow", "names": ["read", "write", "exit_group"] }] }"#,
+            "execve must be allowed without conditions",
+        ),
+        (
+            r#"{ "default_action": "allow", "syscalls": [
+                { "action": "kill_process", "names": ["read"] }] }"#,
+            "read must be allowed without conditions",
+        ),
+        (
+            r#"{ "default_action": { "errno": "EPERM" }, "syscalls": [
+                { "action": "allow", "names": ["read", "execve", "exit_group"] },
+                { "action": "allow", "names": ["write"],
+                  "args": [{ "index": 0, "type": "dword", "op": "eq", "val": 1 }] }] }"#,
+            "write must be allowed without conditions",
+        ),
+        (
+            r#"{ "default_action": { "errno": "EPERM" }, "syscalls": [
+                { "action": "allow", "names": ["read", "write", "execve"] },
+                { "action": "allow", "names": ["exit_group"], "arches": ["aarch64"] }] }"#,
+            "exit_group must be allowed without conditions (on x86_64)",
+        ),
     ];
     for (json, expected) in cases {
         let err = Profile::parse(json).unwrap_err().to_string();
         assert!(err.contains(expected), "{json}: {err}");
     }
+    // Allowed by the default action, or conditioned but with an allowing
+    // default: always allowed.
+    Profile::parse(
+        r#"{ "default_action": "allow", "syscalls": [
+            { "action": "allow", "names": ["write"],
+              "args": [{ "index": 0, "type": "dword", "op": "eq", "val": 1 }] }] }"#,
+    )
+    .unwrap();
     // A typo is an error, not a silently missing rule.
     let typo = Profile::parse(
         r#"{ "default_action": "log", "syscalls": [{ "action": "allow", "names": ["raed"] }] }"#,

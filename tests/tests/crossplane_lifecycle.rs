@@ -93,7 +93,17 @@ fn an_idle_function_scales_to_zero_and_starts_again() {
     // whose init waits alone in its cgroup (counted in the sandbox pool).
     let spare = host.spare_inits(SPARE_MADE, 1, Duration::from_secs(10))[0];
     assert!(alive(spare));
-    assert_eq!(children(spare), "", "the spare runs no server yet");
+    // Its one child waits at its exec: the spare runs no server yet.
+    let waiting: Vec<i32> = children(spare)
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!(
+        std::fs::read(format!("/proc/{}/cmdline", waiting[0])).unwrap(),
+        std::fs::read(format!("/proc/{spare}/cmdline")).unwrap(),
+        "the spare runs a server already"
+    );
     assert_eq!(run_cgroups(daemon_pid), 1, "{:?}", busy_cgroups(daemon_pid));
     assert_eq!(metric(&metrics, "fnrun_sandbox_pool_sandboxes"), 1.0);
 

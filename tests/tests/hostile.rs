@@ -6,7 +6,7 @@
 //! echo run succeeds) and that nothing of the run was left behind: no process
 //! (a marker unique to this test process is in every hostile command line), no
 //! child of the daemon (but its spawner, and the inits of sandboxes made
-//! ahead of their calls, which wait with no child), no new mount in the host's or the daemon's mount table,
+//! ahead of their calls, whose one child, the function, waits at its exec), no new mount in the host's or the daemon's mount table,
 //! no process in a cgroup under `/sys/fs/cgroup/*/fnrun` and no new directory
 //! there but the daemon's own run cgroups (kept for reuse on v1, all removed
 //! when the daemon stops, which is checked once a mode is done), and no growth
@@ -366,15 +366,23 @@ fn marked_processes() -> Vec<(u32, String)> {
         .collect()
 }
 
-/// Whether `pid` is the init of a sandbox the daemon made ahead of its call
-/// (`--sandbox-pool`, which this suite's daemons turn on): it has no child (the function does not
-/// exist yet) and sleeps reading a pipe (the sync pipe, waiting for the
-/// call). Only inits are the daemon's children, and an init that ran a call
-/// has forked its function, so this is no leftover of a run.
-fn waiting_for_a_call(pid: u32) -> bool {
-    let read = |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}"));
-    read(&format!("task/{pid}/children")).is_ok_and(|c| c.trim().is_empty())
-        && read("wchan").is_ok_and(|w| w.ends_with("pipe_read"))
+/// The function of `pid`, if `pid` is the init of a sandbox the daemon made
+/// ahead of its call (`--sandbox-pool`, which this suite's daemons turn on):
+/// its one child, the function, waits at its exec, reading a pipe (the sync
+/// pipe, waiting for the call) with init's command line (it has not exec'd).
+/// Only inits are the daemon's children, and the function of an init that
+/// ran a call has exec'd, so this is no leftover of a run.
+fn waiting_for_a_call(pid: u32) -> Option<u32> {
+    let read = |pid: u32, file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}"));
+    let children = read(pid, &format!("task/{pid}/children")).ok()?;
+    let [function] = children.split_whitespace().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    let function: u32 = function.parse().ok()?;
+    (read(function, "wchan").is_ok_and(|w| w.ends_with("pipe_read"))
+        && cmdline_args(function).is_some()
+        && cmdline_args(function) == cmdline_args(pid))
+    .then_some(function)
 }
 
 /// Processes that are clones of the daemon (sandbox inits have its command
@@ -400,8 +408,9 @@ fn daemon_offspring(daemon_pid: u32, daemon_cmdline: &[String]) -> Vec<(u32, Str
             let children =
                 std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                if waiting_for_a_call(child) {
+                if let Some(function) = waiting_for_a_call(child) {
                     found.remove(&child);
+                    found.remove(&function);
                     continue;
                 }
                 if found.contains_key(&child) || !is_spawner(child, daemon_pid) {
@@ -470,12 +479,19 @@ fn own_cgroup(path: &Path, daemon_pid: u32) -> bool {
 }
 
 /// Whether the cgroup `dir` holds a process, other than the init of a
-/// sandbox made ahead of its call.
+/// sandbox made ahead of its call and its function waiting at its exec.
 fn holds_process(dir: &Path) -> bool {
     std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| {
-        p.split_whitespace()
+        let pids: Vec<u32> = p
+            .split_whitespace()
             .filter_map(|pid| pid.parse().ok())
-            .any(|pid| !waiting_for_a_call(pid))
+            .collect();
+        let waiting: BTreeSet<u32> = pids
+            .iter()
+            .filter_map(|&pid| Some([pid, waiting_for_a_call(pid)?]))
+            .flatten()
+            .collect();
+        pids.iter().any(|pid| !waiting.contains(pid))
     })
 }
 

@@ -1205,6 +1205,47 @@ async fn without_the_pool_each_v1_run_gets_cgroups_of_its_own() {
     assert_eq!(cgroups_left(&fx.sandbox), Vec::<PathBuf>::new());
 }
 
+/// Asserts that the prepared sandbox of init `init` holds its function and
+/// nothing of the function's code yet: init's one child, waiting on a pipe
+/// (the call's byte), not yet exec'd (its command line is still init's),
+/// with every privilege dropped and the seccomp filter installed. Returns
+/// its pid.
+fn function_at_its_exec(init: i32) -> i32 {
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap();
+    let children: Vec<i32> = children
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    let [function] = children[..] else {
+        panic!("init {init} has children {children:?}, not one function");
+    };
+    let read = |what: &str| std::fs::read(format!("/proc/{function}/{what}")).unwrap();
+    assert_eq!(
+        read("cmdline"),
+        std::fs::read(format!("/proc/{init}/cmdline")).unwrap(),
+        "the function exec'd before its call"
+    );
+    let wchan = String::from_utf8(read("wchan")).unwrap();
+    assert!(
+        wchan.ends_with("pipe_read"),
+        "the function waits in {wchan}"
+    );
+    for (field, want) in [
+        ("CapEff", "0000000000000000"),
+        ("CapPrm", "0000000000000000"),
+        ("CapBnd", "0000000000000000"),
+        ("NoNewPrivs", "1"),
+        ("Seccomp", "2"),
+    ] {
+        assert_eq!(
+            proc_status(function, field).as_deref(),
+            Some(want),
+            "{field} of the waiting function"
+        );
+    }
+    function
+}
+
 /// A field of `/proc/<pid>/status` ("PPid", "Threads", ...).
 fn proc_status(pid: i32, field: &str) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -146,15 +146,16 @@ async fn a_prepared_sandbox_dropped_unused_leaves_nothing_behind() {
     prepared.discard().await;
     assert_gone(pid, namespaces, &cgroups);
 
-    // Nothing of the function exists before its call: init, alive, has no
-    // child.
-    let (prepared, _, _) = ready(&fx, &fx.spec("sleep 60")).await;
+    // Nothing of the function's code runs before its call: init, alive, has
+    // one child, the function, waiting at its exec without privileges.
+    let (prepared, namespaces, cgroups) = ready(&fx, &fx.spec("sleep 60")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = prepared.pid();
     assert!(proc_status(pid, "State").is_some_and(|s| !s.starts_with('Z')));
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    assert_eq!(children, "", "init forked the function before its call");
+    function_at_its_exec(pid);
+    // Dropped, it ends with its function.
     drop(prepared);
+    assert_gone(pid, namespaces, &cgroups);
 
     // One whose init was killed meanwhile is not to be used.
     let (prepared, namespaces, cgroups) = ready(&fx, &spec).await;

@@ -318,12 +318,11 @@ async fn a_prepared_service_starts_when_asked_confined_as_any_run() {
     let mut prepared = fx.sandbox.prepare_service(&spec).unwrap();
     prepared.ready().await.unwrap();
     let init = prepared.pid();
-    // Nothing of the server exists before its start: init, alive, has no
-    // child, and nothing listens in its namespace.
+    // Nothing of the server's code runs before its start: init, alive, has
+    // one child waiting at its exec without privileges.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(alive(init));
-    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap();
-    assert_eq!(children, "", "init forked the server before its start");
+    let server = function_at_its_exec(init);
     let made = Instant::now();
     tokio::time::sleep(Duration::from_millis(700)).await;
 
@@ -331,6 +330,9 @@ async fn a_prepared_service_starts_when_asked_confined_as_any_run() {
     assert_eq!(service.pid(), init);
     let stream = connect_when_ready(&service, port).await;
     assert_eq!(echo(stream, "hello").await, "hello");
+    // The process that waited is the server.
+    let cmdline = std::fs::read(format!("/proc/{server}/cmdline")).unwrap();
+    assert!(cmdline.starts_with(b"nc\0"), "{}", text(&cmdline));
     let out = text(&service.output_tail());
     for (key, value) in [
         ("CapEff", "0000000000000000"),
