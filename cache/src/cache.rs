@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::config::{CacheConfig, PullPolicy};
 use crate::error::Error;
 use crate::image::{Image, ImageDetails};
+use crate::memo::Resolution;
 use crate::progress::{NoProgress, PullProgress};
 use crate::pull::{Puller, blocking};
 use crate::store::{
@@ -78,8 +79,9 @@ pub struct Got {
     /// The image.
     pub image: Image,
     /// Held until dropped: keep it while the image is in use
-    /// ([`GetOptions::lease`]; `None` otherwise).
-    pub lease: Option<Lease>,
+    /// ([`GetOptions::lease`]; `None` otherwise). Holders in one process may
+    /// share one lease: it ends when the last of them drops it.
+    pub lease: Option<Arc<Lease>>,
 }
 
 /// The image cache. `Send + Sync`; share it in an `Arc`.
@@ -173,7 +175,9 @@ impl Cache {
         let lease = match lease {
             true => {
                 let (inner, i) = (self.inner.clone(), image.clone());
-                Some(blocking(move || Ok(inner.store.lease_image(&i)?)).await?)
+                Some(Arc::new(
+                    blocking(move || Ok(inner.store.lease_image(&i)?)).await?,
+                ))
             }
             false => None,
         };
@@ -182,8 +186,9 @@ impl Cache {
     }
 
     /// The warm path: the image (and its lease, if `lease`) when everything it needs
-    /// is cached and `policy` does not ask to re-resolve it, in one blocking call.
-    /// `None` sends the caller down the full path.
+    /// is cached and `policy` does not ask to re-resolve it, in one blocking call,
+    /// or with none when this process still leases the image it found for the same
+    /// reference (see [`crate::memo`]). `None` sends the caller down the full path.
     async fn get_present(
         &self,
         reference: &ImageRef,
@@ -194,16 +199,32 @@ impl Cache {
             return Ok(None);
         }
         let in_registry = matches!(reference, ImageRef::Registry { .. });
+        if lease && let Some((image, lease)) = self.inner.memo.find(&reference.to_string()) {
+            if in_registry {
+                self.inner.touch(&image.reference).await;
+            }
+            return Ok(Some(Got {
+                image,
+                lease: Some(lease),
+            }));
+        }
         let (inner, reference) = (self.inner.clone(), reference.clone());
         let found = blocking(move || {
+            // Before anything is read: a change after it is seen next time.
+            let resolution = inner.resolution(&reference);
+            let stamp = resolution.as_ref().and_then(Resolution::stamp);
             let _gc = inner.store.gc_lock(false)?;
             let Some(image) = inner.present(&reference)? else {
                 return Ok(None);
             };
             let lease = match lease {
-                true => Some(inner.store.lease_image(&image)?),
+                true => Some(Arc::new(inner.store.lease_image(&image)?)),
                 false => None,
             };
+            if let (Some(lease), Some(resolution), Some(stamp)) = (&lease, resolution, stamp) {
+                let key = reference.to_string();
+                inner.memo.remember(&key, &image, lease, resolution, stamp);
+            }
             Ok(Some(Got { image, lease }))
         })
         .await?;

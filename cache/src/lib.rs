@@ -21,6 +21,7 @@ mod config;
 mod error;
 mod image;
 mod layout;
+mod memo;
 mod progress;
 mod pull;
 mod rootfs;

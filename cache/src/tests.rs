@@ -349,6 +349,64 @@ async fn warm_gets_follow_a_moved_tag_and_a_removed_layer() {
     check_image(&cache, &repaired, &second);
 }
 
+/// While this process holds an image's lease, another get of the same
+/// reference shares it and finds the image without the store; once the
+/// reference moves, it resolves again.
+#[tokio::test]
+async fn warm_gets_share_a_held_lease_until_the_reference_moves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let first = write_layout(&layout, &[base_layer()], "v1", false);
+    let cache = cache_at(&tmp.path().join("cache"));
+    let reference = oci_ref(&layout, Some("v1"));
+    let get = || async {
+        let got = cache
+            .get(
+                &reference,
+                GetOptions::new(PullPolicy::IfNotPresent).leased(),
+            )
+            .await
+            .unwrap();
+        (got.image, got.lease.expect("a lease"))
+    };
+    let (pulled, lease) = get().await;
+    drop(lease);
+    // Found on the warm path, then remembered while leased.
+    let (image, held) = get().await;
+    assert_eq!(image.digest, first.manifest.to_string());
+    assert!(!image.pulled);
+    let (again, shared) = get().await;
+    assert_eq!(again, image);
+    assert_eq!(again.layers, pulled.layers);
+    assert!(Arc::ptr_eq(&held, &shared), "a second lease was taken");
+    // One lease file for the two holders; it ends with the last of them.
+    let leases = || {
+        std::fs::read_dir(cache.root().join("leases"))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(leases(), 1);
+    drop(shared);
+    assert_eq!(leases(), 1);
+
+    // The tag now names another image: resolved again, with its own lease.
+    let second = write_layout(&layout, &[base_layer(), top_layer()], "v1", false);
+    let (moved, other) = get().await;
+    assert_eq!(moved.digest, second.manifest.to_string());
+    check_image(&cache, &moved, &second);
+    assert!(!Arc::ptr_eq(&held, &other));
+    drop((held, other));
+    assert_eq!(leases(), 0);
+
+    // With no holder left, nothing is remembered: a layer removed behind
+    // the cache's back is unpacked again.
+    let top = moved.layers[1].clone();
+    unpack::remove_tree(&top).unwrap();
+    let (repaired, _lease) = get().await;
+    assert_eq!(repaired, moved);
+    assert!(top.join("opaque/new").exists());
+}
+
 #[tokio::test]
 async fn oci_layout_index_and_tag_errors() {
     let tmp = tempfile::tempdir().unwrap();
@@ -967,6 +1025,21 @@ async fn registry_pull_and_policies() {
         .unwrap()
         .image;
     assert_eq!(cached_again, cached);
+    // Leased gets of a tag and of a digest: a held lease is shared, by
+    // reference.
+    for reference in [&r, &by_digest] {
+        let leased = || async {
+            let got = cache
+                .get(reference, GetOptions::new(PullPolicy::Never).leased())
+                .await
+                .unwrap();
+            (got.image, got.lease.unwrap())
+        };
+        let (image, held) = leased().await;
+        let (again, shared) = leased().await;
+        assert_eq!(again, image);
+        assert!(Arc::ptr_eq(&held, &shared), "{reference}");
+    }
     let err = cache
         .get(&r, GetOptions::new(PullPolicy::Always))
         .await

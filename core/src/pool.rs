@@ -390,7 +390,8 @@ impl Pool {
             }
             None => {
                 self.inner.metrics.pool_misses.fetch_add(1, Relaxed);
-                (sandbox.prepare(spec)?, None)
+                let spec = Arc::new(spec.clone());
+                (sandbox.prepare_off_worker(spec).await?, None)
             }
         };
         self.refill(&key, spec, lease.clone());
@@ -572,12 +573,12 @@ impl Pool {
 async fn make(
     inner: &Arc<Inner>,
     key: &Key,
-    spec: &RunSpec,
+    spec: &Arc<RunSpec>,
     lease: Option<Arc<Lease>>,
     reserved: u64,
 ) {
     let started = Instant::now();
-    let made = match inner.sandbox.prepare(spec) {
+    let made = match inner.sandbox.prepare_off_worker(spec.clone()).await {
         Ok(run) => run.into_ready().await,
         Err(e) => Err(e),
     };

@@ -274,7 +274,7 @@ impl Runner {
         self.cache.clone()
     }
 
-    pub fn sandbox(&self) -> &Sandbox {
+    pub fn sandbox(&self) -> &Arc<Sandbox> {
         &self.sandbox
     }
 
@@ -405,7 +405,7 @@ impl Runner {
         policy: PullPolicy,
         credentials: Credentials,
         progress: Option<PullDisplay>,
-    ) -> Result<(Image, Option<Lease>), RunError> {
+    ) -> Result<(Image, Option<Arc<Lease>>), RunError> {
         let pull_start = Instant::now();
         let mut options = GetOptions::new(policy).credentials(credentials).leased();
         if let Some(PullDisplay(progress)) = progress {
@@ -479,10 +479,7 @@ impl Runner {
         };
         let spec = image_spec::run_spec(&image, &self.sandbox.config().id_map, &options)?;
         let outcome = match &self.pool {
-            Some(pool) => {
-                pool.run(&spec, lease.map(Arc::new), &req.input, req.timeout)
-                    .await?
-            }
+            Some(pool) => pool.run(&spec, lease, &req.input, req.timeout).await?,
             None => {
                 let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await;
                 drop(lease);

@@ -136,7 +136,11 @@ impl Spare {
             runner.release_lease(lease);
             return None;
         };
-        let made = match runner.sandbox().prepare_service(&spec) {
+        let made = match runner
+            .sandbox()
+            .prepare_service_off_worker(spec.clone())
+            .await
+        {
             Ok(prepared) => prepared.into_ready().await,
             Err(e) => Err(e),
         };
@@ -243,7 +247,13 @@ impl Instance {
                     // died: ended off this start's path.
                     spare.end_in_background(runner);
                 }
-                (runner.sandbox().start_service(&spec), false)
+                let sandbox = runner.sandbox();
+                let made = sandbox.prepare_service_off_worker(Arc::new(spec.clone()));
+                let service = match made.await {
+                    Ok(prepared) => sandbox.start_prepared_service(prepared),
+                    Err(e) => Err(e),
+                };
+                (service, false)
             }
         };
         let service = service.map_err(|e| failed(e.into()))?;
@@ -284,7 +294,7 @@ impl Instance {
                 started,
                 from_spare,
                 spec: Arc::new(spec),
-                lease: lease.map(Arc::new),
+                lease,
             },
             started.elapsed(),
         ))

@@ -14,6 +14,7 @@
 //! ahead the same way ([`Sandbox::prepare_service`]).
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -153,6 +154,21 @@ impl<K> Prepared<K> {
     }
 }
 
+/// Runs `f` on the tokio runtime's blocking pool.
+pub(crate) async fn off_worker<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(made) => made,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only with the runtime, which drops the caller too.
+        Err(_) => Err(Error::Setup {
+            what: "make a sandbox (the runtime is shutting down)".to_owned(),
+            errno: nix::errno::Errno::ECANCELED,
+        }),
+    }
+}
+
 /// The proportional set size of process `pid`, from `smaps_rollup`.
 fn pss_bytes(pid: libc::pid_t) -> Option<u64> {
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
@@ -173,6 +189,19 @@ impl Sandbox {
     /// waits for its root.
     pub fn prepare(&self, spec: &RunSpec) -> Result<PreparedRun, Error> {
         Ok(PreparedRun::new(self.start(spec, Kind::Call)?))
+    }
+
+    /// [`Sandbox::prepare`] on the tokio runtime's blocking pool, for a
+    /// caller on an async worker. The clone blocks its thread for a
+    /// millisecond or more (a round trip to the spawner, the namespaces);
+    /// on a worker it would hold up that worker's other tasks, the calls in
+    /// flight among them.
+    pub async fn prepare_off_worker(
+        self: &Arc<Self>,
+        spec: Arc<RunSpec>,
+    ) -> Result<PreparedRun, Error> {
+        let sandbox = self.clone();
+        off_worker(move || sandbox.prepare(&spec)).await
     }
 
     /// Runs `spec` with `input` on stdin, killing it (every process of it)
@@ -260,11 +289,10 @@ impl Sandbox {
             ..
         } = prepared.started;
         let stderr = ends.stderr.expect("a per-call run has its own stderr pipe");
-        let mut stdio = stdio::Stdio::new(ends.stdin, ends.stdout, stderr)
-            .map_err(Error::io("set up the run's stdio"))?;
         // The input first, then the go: the function finds its input when it
         // first reads.
-        let written = stdio.prefill(input);
+        let (stdio, written) = stdio::Stdio::prefilled(ends.stdin, ends.stdout, stderr, input)
+            .map_err(Error::io("set up the run's stdio"))?;
         go.send();
         let input = &input[written..];
         let mut io = stdio::Pumped::default();

@@ -87,6 +87,16 @@ impl Sandbox {
         Ok(PreparedService::new(self.start(spec, Kind::Service)?))
     }
 
+    /// [`Sandbox::prepare_service`] on the tokio runtime's blocking pool
+    /// (see [`Sandbox::prepare_off_worker`]).
+    pub async fn prepare_service_off_worker(
+        self: &Arc<Self>,
+        spec: Arc<RunSpec>,
+    ) -> Result<PreparedService, Error> {
+        let sandbox = self.clone();
+        crate::run::off_worker(move || sandbox.prepare_service(&spec)).await
+    }
+
     /// Starts the server of a prepared service run: it execs (it dropped
     /// every privilege and installed the seccomp filter when the sandbox was
     /// made, exactly as in any run). `prepared` must come from this sandbox. Call

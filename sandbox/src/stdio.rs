@@ -28,27 +28,32 @@ pub(crate) struct Pumped {
 }
 
 impl Stdio {
-    pub fn new(stdin: OwnedFd, stdout: OwnedFd, stderr: OwnedFd) -> std::io::Result<Self> {
-        Ok(Stdio {
-            stdin: Some(pipe::Sender::from_owned_fd(stdin)?),
-            stdout: pipe::Receiver::from_owned_fd(stdout)?,
-            stderr: pipe::Receiver::from_owned_fd(stderr)?,
-        })
-    }
-
-    /// Writes as much of `input` as the stdin pipe takes without waiting,
-    /// and closes stdin if that was all of it; returns how many bytes it
-    /// wrote. Done before the function starts, its input is there when it
-    /// first reads, and the parent need not be scheduled again in between.
-    pub fn prefill(&mut self, input: &[u8]) -> usize {
-        let Some(stdin) = &self.stdin else { return 0 };
+    /// The parent's ends, with as much of `input` written to stdin as its
+    /// pipe takes without waiting (and stdin closed if that was all of it);
+    /// returns how many bytes that was. Done before the function starts, its
+    /// input is there at its first read, and the parent need not be
+    /// scheduled again in between.
+    pub fn prefilled(
+        stdin: OwnedFd,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+        input: &[u8],
+    ) -> std::io::Result<(Self, usize)> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        fcntl(&stdin, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
         // Would block (the pipe is full) or failed: the pump writes the rest,
         // and a broken pipe is the function's choice (see `pump`).
-        let written = stdin.try_write(input).unwrap_or(0);
-        if written == input.len() {
-            self.stdin = None;
-        }
-        written
+        let written = nix::unistd::write(&stdin, input).unwrap_or(0);
+        let stdin = match written == input.len() {
+            true => None,
+            false => Some(pipe::Sender::from_owned_fd(stdin)?),
+        };
+        let stdio = Stdio {
+            stdin,
+            stdout: pipe::Receiver::from_owned_fd(stdout)?,
+            stderr: pipe::Receiver::from_owned_fd(stderr)?,
+        };
+        Ok((stdio, written))
     }
 
     /// Writes `input`, then closes stdin; reads stdout (at most `max_output`
@@ -167,6 +172,40 @@ impl Tail {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_input_is_in_the_pipe_before_the_function_starts() {
+        use std::io::Read;
+        // All of a small input, with stdin closed: the reader finds the input
+        // and EOF without the parent running again.
+        let ((stdin_r, stdin_w), (out_r, _out_w), (err_r, _err_w)) = (pipe(), pipe(), pipe());
+        let (stdio, written) = Stdio::prefilled(stdin_w, out_r, err_r, b"observed: {}").unwrap();
+        assert_eq!(written, 12);
+        assert!(stdio.stdin.is_none());
+        let mut got = Vec::new();
+        std::fs::File::from(stdin_r).read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"observed: {}");
+
+        // A large one: what the pipe takes, and the pump writes the rest.
+        let ((stdin_r, stdin_w), (out_r, out_w), (err_r, err_w)) = (pipe(), pipe(), pipe());
+        let input: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let (stdio, written) = Stdio::prefilled(stdin_w, out_r, err_r, &input).unwrap();
+        assert!(written > 0 && written < input.len(), "{written}");
+        assert!(stdio.stdin.is_some());
+        drop((out_w, err_w));
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            std::fs::File::from(stdin_r).read_to_end(&mut got).unwrap();
+            got
+        });
+        let mut out = Pumped::default();
+        stdio.pump(&input[written..], 1 << 20, 1024, &mut out).await;
+        assert_eq!(reader.join().unwrap(), input);
+    }
 
     #[tokio::test]
     async fn a_tail_keeps_the_last_bytes_of_its_pipe() {

@@ -8,6 +8,7 @@ use crate::config::MAX_IMAGE_FILES;
 use crate::error::Error;
 use crate::image::{Image, ImageDetails, LayerDetails};
 use crate::layout;
+use crate::memo::Resolution;
 use crate::store::{CachedImage, StoreError};
 use crate::unpack::Budget;
 use fnrun_registry::ImageRef;
@@ -28,6 +29,20 @@ impl Puller {
     /// config and every layer unpacked), found without network and without writing:
     /// the warm path of a run, done in one blocking call. `None` when something is
     /// missing (or it is an `oci-archive:`), for the full path to fetch or report.
+    /// What `image`'s resolution reads, for [`crate::memo::Memo`]: the
+    /// reference record or the layout's index; nothing for a reference by
+    /// digest. `None` for an `oci-archive:`, which is never present.
+    pub(crate) fn resolution(&self, image: &ImageRef) -> Option<Resolution> {
+        match image {
+            ImageRef::OciLayout { archive: true, .. } => None,
+            ImageRef::OciLayout { path, .. } => Some(Resolution::File(path.join("index.json"))),
+            ImageRef::Registry { .. } if image.pinned_digest().is_some() => Some(Resolution::Fixed),
+            ImageRef::Registry { .. } => {
+                Some(Resolution::File(self.store.ref_path(&image.to_string())))
+            }
+        }
+    }
+
     pub(crate) fn present(&self, image: &ImageRef) -> Result<Option<Image>, Error> {
         let (resolved, source) = match image {
             ImageRef::OciLayout { archive: true, .. } => return Ok(None),

@@ -51,6 +51,8 @@ pub(crate) struct Puller {
     locks: KeyedLocks,
     /// When this process last recorded the use of each reference.
     touched: Mutex<HashMap<String, Instant>>,
+    /// Images found on the warm path that this process still leases.
+    pub(crate) memo: crate::memo::Memo,
 }
 
 impl Puller {
@@ -67,6 +69,7 @@ impl Puller {
             registries,
             locks: KeyedLocks::default(),
             touched: Mutex::default(),
+            memo: crate::memo::Memo::default(),
         }
     }
 
