@@ -315,15 +315,7 @@ async fn warm_gets_follow_a_moved_tag_and_a_removed_layer() {
     let first = write_layout(&layout, &[base_layer()], "v1", false);
     let cache = cache_at(&tmp.path().join("cache"));
     let reference = oci_ref(&layout, Some("v1"));
-    let get = || async {
-        let got = cache
-            .get(
-                &reference,
-                GetOptions::new(PullPolicy::IfNotPresent).leased(),
-            )
-            .await?;
-        Ok::<_, Error>((got.image, got.lease.expect("a lease")))
-    };
+    let get = || get_leased(&cache, &reference);
     let (image, lease) = get().await.unwrap();
     assert_eq!(image.digest, first.manifest.to_string());
     drop(lease);
@@ -349,6 +341,16 @@ async fn warm_gets_follow_a_moved_tag_and_a_removed_layer() {
     check_image(&cache, &repaired, &second);
 }
 
+/// A leased get with `IfNotPresent`: the image and its lease.
+async fn get_leased(
+    cache: &Cache,
+    reference: &ImageRef,
+) -> Result<(Image, Arc<crate::Lease>), Error> {
+    let options = GetOptions::new(PullPolicy::IfNotPresent).leased();
+    let got = cache.get(reference, options).await?;
+    Ok((got.image, got.lease.expect("a lease")))
+}
+
 /// While this process holds an image's lease, another get of the same
 /// reference shares it and finds the image without the store; once the
 /// reference moves, it resolves again.
@@ -359,16 +361,7 @@ async fn warm_gets_share_a_held_lease_until_the_reference_moves() {
     let first = write_layout(&layout, &[base_layer()], "v1", false);
     let cache = cache_at(&tmp.path().join("cache"));
     let reference = oci_ref(&layout, Some("v1"));
-    let get = || async {
-        let got = cache
-            .get(
-                &reference,
-                GetOptions::new(PullPolicy::IfNotPresent).leased(),
-            )
-            .await
-            .unwrap();
-        (got.image, got.lease.expect("a lease"))
-    };
+    let get = || async { get_leased(&cache, &reference).await.unwrap() };
     let (pulled, lease) = get().await;
     drop(lease);
     // Found on the warm path, then remembered while leased.
