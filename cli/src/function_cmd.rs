@@ -259,6 +259,7 @@ fn admission() -> Admission {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    crate::support::raise_open_files_limit();
     let idle = (!args.idle_timeout.is_zero()).then_some(args.idle_timeout);
     let def = definition(&args.image, &args.options, idle, args.timeout)?;
     let addr: ListenAddr = args.listen.parse().context("--listen")?;

@@ -136,6 +136,7 @@ fn render_metrics(
 }
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    crate::support::raise_open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -45,3 +45,23 @@ pub(crate) fn error_line(e: &dyn std::fmt::Display) -> String {
     let line = e.to_string().trim_end().replace('\n', "\\n");
     fnrun_core::error::bounded(&line, LINE_MAX)
 }
+
+/// Raises this process's soft limit on open descriptors to its hard limit, as
+/// the Go runtime does for every program. A daemon holds descriptors for each
+/// call in flight and for each cgroup v1 slot it keeps (about 15), and the
+/// usual soft default of 1024 would cap it far below what the host allows.
+/// Functions are not affected: the sandbox sets their limit from the hard
+/// limit.
+pub fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft >= hard {
+        return;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => tracing::debug!(from = soft, to = hard, "raised the open files limit"),
+        Err(e) => tracing::warn!(soft, hard, error = %e, "cannot raise the open files limit"),
+    }
+}

@@ -216,7 +216,7 @@ impl InitGuard {
     /// The run's memory at its highest so far, as its cgroup counts it;
     /// `None` without a cgroup or a memory controller.
     pub fn peak_memory(&self) -> Option<u64> {
-        self.cgroup.as_ref()?.usage().peak_memory_bytes
+        self.cgroup.as_ref()?.peak_memory()
     }
 
     /// Resolves when init has exited (its pidfd turns readable).

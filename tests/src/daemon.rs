@@ -59,6 +59,9 @@ pub struct DaemonOpts {
     pub args: Vec<String>,
     /// Extra environment variables.
     pub env: Vec<(String, String)>,
+    /// The soft limit on open descriptors it starts with (the hard limit
+    /// stays).
+    pub open_files: Option<u64>,
 }
 
 impl Default for DaemonOpts {
@@ -68,6 +71,7 @@ impl Default for DaemonOpts {
             user: None,
             args: Vec::new(),
             env: vec![("RUST_LOG".to_owned(), "info".to_owned())],
+            open_files: None,
         }
     }
 }
@@ -100,6 +104,12 @@ impl DaemonOpts {
 
     pub fn env(mut self, name: &str, value: &str) -> Self {
         self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Starts it with a soft limit of `n` open descriptors.
+    pub fn open_files(mut self, n: u64) -> Self {
+        self.open_files = Some(n);
         self
     }
 }
@@ -185,6 +195,18 @@ impl Daemon {
                 cmd
             }
         };
+        if let Some(n) = opts.open_files {
+            use nix::sys::resource::{Resource, getrlimit, setrlimit};
+            use std::os::unix::process::CommandExt;
+            let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+            // SAFETY: only setrlimit, which is async-signal-safe, between
+            // fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    setrlimit(Resource::RLIMIT_NOFILE, n, hard).map_err(std::io::Error::from)
+                });
+            }
+        }
         cmd.arg("serve");
         match &opts.listen {
             Listen::Default => {}

@@ -177,6 +177,36 @@ async fn metrics_move_with_runs_pulls_and_failures() {
     assert_eq!(sample(&after, "fnrun_queue_depth"), 0.0);
 }
 
+/// The soft and hard limits on open descriptors of process `pid`.
+fn open_files_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let mut values = line["Max open files".len()..].split_whitespace();
+    (
+        values.next().unwrap().to_owned(),
+        values.next().unwrap().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_raises_its_open_files_limit_to_the_hard_limit() {
+    let registry = Registry::start().expect("registry starts");
+    let echo = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let daemon = Daemon::start(DaemonOpts::default().open_files(256)).expect("fnrun serve starts");
+    let pid = daemon.pid().expect("running");
+    let (soft, hard) = open_files_limits(pid);
+    assert_eq!(soft, hard, "a daemon started with a soft limit of 256");
+    assert_ne!(soft, "256");
+    let mut client = daemon.client().await.expect("connects");
+    let out = client::run_function(&mut client, Run::new(&echo, SAMPLE).build())
+        .await
+        .expect("runs");
+    assert!(!out.output.is_empty());
+}
+
 #[test]
 fn version_has_build_info() {
     let cli = Cli::new().expect("cli");

@@ -163,7 +163,7 @@ pub enum Placement<'a> {
     /// each `leave` file, back to this process's own cgroups (pooled v1
     /// cgroups: no `cgroup_threadgroup_rwsem`, see [`v1`]).
     ThreadMove {
-        enter: Vec<std::fs::File>,
+        enter: Vec<BorrowedFd<'a>>,
         leave: Vec<BorrowedFd<'a>>,
     },
     /// [`RunCgroup::admit`] moves init in by its pid after the clone.
@@ -187,6 +187,11 @@ pub trait RunCgroup: fmt::Debug + Send {
     fn kill(&self) -> Result<()>;
     /// What the run used so far.
     fn usage(&self) -> Usage;
+    /// The run's memory at its highest so far ([`Usage::peak_memory_bytes`]
+    /// alone).
+    fn peak_memory(&self) -> Option<u64> {
+        self.usage().peak_memory_bytes
+    }
     /// Kills what is left and removes the cgroup (retrying briefly while the
     /// kernel still counts exiting processes), or gives it back to its pool
     /// when nothing is left in it. Idempotent.
@@ -211,11 +216,37 @@ pub trait CgroupFs: fmt::Debug + Send + Sync {
     /// The names of the child cgroups of `path`.
     fn children(&self, path: &Path) -> io::Result<Vec<String>>;
     /// Opens an existing interface file for many writes, each one command
-    /// (see [`write_command`]). By default the file itself: the drivers use it
-    /// only for files whose writes a fake need not interpret (`tasks`).
+    /// (see [`write_command`]). By default the file itself. The v2 driver uses
+    /// it only for files whose writes a fake need not interpret (`tasks`); the
+    /// v1 driver keeps the files of its runs open (see [`v1`]), and its tests
+    /// run on the host's hierarchies.
     fn open_write(&self, path: &Path) -> io::Result<std::fs::File> {
         std::fs::OpenOptions::new().write(true).open(path)
     }
+    /// Opens an existing interface file for many reads (see [`read_whole`]).
+    /// By default the file itself, as for [`CgroupFs::open_write`].
+    fn open_read(&self, path: &Path) -> io::Result<std::fs::File> {
+        std::fs::File::open(path)
+    }
+}
+
+/// The whole content of an open interface file, read from its start: a
+/// cgroupfs file read again from offset 0 shows its values as they are now.
+/// A read that does not fill the buffer has read to the end (a cgroupfs
+/// file is a `seq_file`, which fills what it is given), so a small file
+/// takes one `pread`.
+pub(super) fn read_whole(file: &std::fs::File) -> io::Result<String> {
+    use std::os::unix::fs::FileExt;
+    let mut text = Vec::new();
+    let mut chunk = [0u8; 512];
+    loop {
+        let n = file.read_at(&mut chunk, text.len() as u64)?;
+        text.extend_from_slice(&chunk[..n]);
+        if n < chunk.len() {
+            break;
+        }
+    }
+    String::from_utf8(text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// Writes `value` to an open interface file in one write(2), as cgroupfs

@@ -644,3 +644,46 @@ fn cpu_quota_is_millicores_of_a_100ms_period() {
     assert_eq!(cpu_quota_us(2500), 250_000);
     assert_eq!(cpu_quota_us(1), 1000, "the kernel's minimum");
 }
+
+#[test]
+fn an_open_interface_file_is_read_whole_from_its_start_each_time() {
+    use super::driver::read_whole;
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("file");
+    for len in [0, 1, 511, 512, 513, 1300] {
+        let text: String = ('a'..='z').cycle().take(len).collect();
+        std::fs::write(&path, &text).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        assert_eq!(read_whole(&file).unwrap(), text, "{len} bytes");
+        // Again from the start, with what the file holds then.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"\nmore")
+            .unwrap();
+        assert_eq!(
+            read_whole(&file).unwrap(),
+            text + "\nmore",
+            "{len} bytes, again"
+        );
+    }
+    // A cgroupfs file longer than one read, where the host has one: the
+    // same keys as a plain read gives.
+    let Ok(file) = std::fs::File::open("/sys/fs/cgroup/memory/memory.stat") else {
+        return;
+    };
+    let keys = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .collect()
+    };
+    let whole = read_whole(&file).unwrap();
+    assert!(whole.len() > 512, "{whole}");
+    assert_eq!(
+        keys(&whole),
+        keys(&std::fs::read_to_string("/sys/fs/cgroup/memory/memory.stat").unwrap())
+    );
+    assert_eq!(keys(&read_whole(&file).unwrap()), keys(&whole));
+}

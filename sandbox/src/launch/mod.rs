@@ -52,7 +52,7 @@ pub(crate) fn launch(
     let place = match &placement {
         Placement::CloneInto(fd) => Place::Into(*fd),
         Placement::ThreadMove { enter, leave } => Place::Move {
-            enter: enter.iter().map(AsFd::as_fd).collect(),
+            enter: enter.clone(),
             leave: leave.clone(),
         },
         Placement::AdmitAfter => Place::After,

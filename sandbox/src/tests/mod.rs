@@ -1150,6 +1150,65 @@ async fn v1_runs_reuse_one_cgroup_with_their_own_limits_and_usage() {
     assert_eq!(cloner_cgroups(&fx), home);
 }
 
+/// This process's descriptors open on a file in one of `dirs`.
+fn descriptors_into(dirs: &[PathBuf]) -> std::collections::BTreeSet<(String, PathBuf)> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            dirs.iter()
+                .any(|d| target.parent() == Some(d.as_path()))
+                .then(|| (e.file_name().to_string_lossy().into_owned(), target))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_reused_v1_slot_keeps_its_files_open_until_it_is_removed() {
+    let fx = Fixture::new();
+    if !pooled_v1(&fx) {
+        return;
+    }
+    assert_eq!(fx.sh("exit 0").await.status, Status::Exited(0));
+    let slot = cgroups_left(&fx.sandbox);
+    let first = descriptors_into(&slot);
+    let names: std::collections::BTreeSet<_> = first
+        .iter()
+        .filter_map(|(_, p)| p.file_name()?.to_str().map(str::to_owned))
+        .collect();
+    for name in [
+        "tasks",
+        "memory.max_usage_in_bytes",
+        "cpuacct.usage",
+        "cgroup.procs",
+    ] {
+        assert!(names.contains(name), "{name} is not kept open: {first:?}");
+    }
+    // A reused slot also resets its peak: one more file, then no other.
+    assert_eq!(fx.sh("exit 1").await.status, Status::Exited(1));
+    assert_eq!(cgroups_left(&fx.sandbox), slot, "the slot was reused");
+    let second = descriptors_into(&slot);
+    assert!(second.is_superset(&first), "{first:?} then {second:?}");
+    let out = fx.sh("exit 2").await;
+    assert_eq!(out.status, Status::Exited(2));
+    assert!(out.cpu_time.is_some() && out.peak_memory_bytes.is_some());
+    assert_eq!(
+        descriptors_into(&slot),
+        second,
+        "the same files, not opened again"
+    );
+    drop(fx);
+    assert_eq!(
+        descriptors_into(&slot),
+        Default::default(),
+        "closed with the slot"
+    );
+    for d in &slot {
+        assert!(!d.exists(), "{} was kept", d.display());
+    }
+}
+
 #[test]
 fn a_v1_cgroup_that_is_not_empty_after_its_run_is_removed_not_reused() {
     let fx = Fixture::new();

@@ -147,10 +147,7 @@ impl V1 {
     /// The cgroups named `name`, created with no limits.
     fn create_dirs(&self, name: &str) -> Result<RunV1> {
         // On error `run` is dropped, which removes what was created.
-        let mut run = RunV1 {
-            fs: self.fs.clone(),
-            dirs: Vec::with_capacity(self.parents.len()),
-        };
+        let mut run = RunV1::new(self.fs.clone(), Vec::with_capacity(self.parents.len()));
         for parent in &self.parents {
             let dir = parent.dir.join(name);
             self.fs.mkdir(&dir).wrap("create cgroup", &dir)?;
@@ -241,12 +238,14 @@ impl CgroupDriver for V1 {
         };
         if !fresh {
             run.start = run.cgroups().counters();
-            let path = run.cgroups().path(MEMORY, "memory.max_usage_in_bytes");
-            if let Some(path) = path {
-                if let Err(e) = self.fs.write(&path, "0") {
+            if run.cgroups().dir(MEMORY).is_some() {
+                if let Err(e) = run
+                    .cgroups()
+                    .write(MEMORY, "memory.max_usage_in_bytes", "0")
+                {
                     // Not reused: dropping `run` removes the slot.
                     run.spoil();
-                    return Err(e).wrap("reset", &path);
+                    return Err(e);
                 }
             }
         }
@@ -263,10 +262,9 @@ impl CgroupDriver for V1 {
             }
         }
         for name in &names {
-            let mut run = RunV1 {
-                fs: self.fs.clone(),
-                dirs: self
-                    .parents
+            let mut run = RunV1::new(
+                self.fs.clone(),
+                self.parents
                     .iter()
                     .map(|p| Parent {
                         controllers: p.controllers.clone(),
@@ -274,7 +272,7 @@ impl CgroupDriver for V1 {
                     })
                     .filter(|p| self.fs.exists(&p.dir))
                     .collect(),
-            };
+            );
             run.kill()?;
             run.remove()?;
         }

@@ -116,18 +116,7 @@ impl PooledRun {
 
 impl RunCgroup for PooledRun {
     fn placement(&self) -> Result<Placement<'_>> {
-        let cgroups = self.cgroups();
-        let mut enter = Vec::with_capacity(cgroups.dirs.len());
-        for d in &cgroups.dirs {
-            let tasks = d.dir.join("tasks");
-            match cgroups.fs.open_write(&tasks) {
-                Ok(f) => enter.push(f),
-                Err(e) => {
-                    self.spoil();
-                    return Err(e).wrap("open", &tasks);
-                }
-            }
-        }
+        let enter = self.cgroups().tasks().inspect_err(|_| self.spoil())?;
         let leave = self
             .pool
             .home
@@ -164,6 +153,10 @@ impl RunCgroup for PooledRun {
         self.cgroups().counters().since(&self.start)
     }
 
+    fn peak_memory(&self) -> Option<u64> {
+        self.cgroups().peak_memory()
+    }
+
     fn remove(&mut self) -> Result<()> {
         let Some(mut slot) = self.slot.take() else {
             return Ok(());
@@ -171,7 +164,7 @@ impl RunCgroup for PooledRun {
         let empty = slot
             .cgroups
             .procs_dir()
-            .is_some_and(|d| slot.cgroups.procs(d).is_empty());
+            .is_some_and(|i| slot.cgroups.procs(i).is_empty());
         let reusable = empty && self.reusable.load(std::sync::atomic::Ordering::Relaxed) && {
             let idle = slot.idle_limits();
             let reset = slot.cgroups.apply(&slot.limits, &idle);

@@ -1,13 +1,16 @@
 //! The cgroups of one run on v1, one per hierarchy, and its usage counters:
 //! what the driver creates and the pool keeps. A leaf of `v1`.
 
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::cgroup::driver::{
     CPU, CPU_PERIOD_US, CgroupError, CgroupFs, MEMORY, PIDS, Result, RunCgroup, Usage, WrapPath,
-    cpu_quota_us, keyed, kill_pids, parse_pids, rmdir_retrying,
+    cpu_quota_us, keyed, kill_pids, parse_pids, read_whole, rmdir_retrying, write_command,
 };
 use crate::spec::Limits;
 
@@ -30,30 +33,128 @@ pub struct RunV1 {
     pub(in crate::cgroup) fs: Arc<dyn CgroupFs>,
     /// The directories not yet removed.
     pub(in crate::cgroup) dirs: Vec<Parent>,
+    /// Their interface files used so far, kept open.
+    pub(in crate::cgroup) open: OpenFiles,
+}
+
+/// The interface files of a run's cgroups that have been used, kept open for
+/// the cgroups' life. A pooled slot serves run after run, and each open of a
+/// cgroupfs file walks its path and sets up a kernfs open file: a warm call
+/// opened and closed about 20 of them before. Closed before the directories
+/// are removed.
+#[derive(Debug, Default)]
+pub(in crate::cgroup) struct OpenFiles {
+    files: Mutex<Vec<OpenFile>>,
+    /// Each directory's `tasks`, in the order of `dirs`, for the pool's
+    /// thread move.
+    tasks: OnceLock<Vec<File>>,
+}
+
+#[derive(Debug)]
+struct OpenFile {
+    /// The index of its directory in `dirs`.
+    dir: usize,
+    name: &'static str,
+    write: bool,
+    file: File,
 }
 
 impl RunV1 {
+    /// The cgroups in `dirs`, none of their files open yet.
+    pub(in crate::cgroup) fn new(fs: Arc<dyn CgroupFs>, dirs: Vec<Parent>) -> RunV1 {
+        RunV1 {
+            fs,
+            dirs,
+            open: OpenFiles::default(),
+        }
+    }
+
+    /// The index in `dirs` of `controller`'s hierarchy.
+    fn index(&self, controller: &str) -> Option<usize> {
+        self.dirs.iter().position(|d| d.has(controller))
+    }
+
     pub(in crate::cgroup) fn dir(&self, controller: &str) -> Option<&Path> {
-        self.dirs
+        self.index(controller).map(|i| self.dirs[i].dir.as_path())
+    }
+
+    /// `f` on file `name` of directory `dir`, opened for writing or reading
+    /// the first time and kept open.
+    fn with_file<T>(
+        &self,
+        dir: usize,
+        name: &'static str,
+        write: bool,
+        f: impl FnOnce(&File) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let mut files = self.open.files.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(open) = files
             .iter()
-            .find(|d| d.has(controller))
-            .map(|d| d.dir.as_path())
+            .find(|o| o.dir == dir && o.name == name && o.write == write)
+        {
+            return f(&open.file);
+        }
+        let path = self.dirs[dir].dir.join(name);
+        let file = if write {
+            self.fs.open_write(&path)?
+        } else {
+            self.fs.open_read(&path)?
+        };
+        let out = f(&file);
+        files.push(OpenFile {
+            dir,
+            name,
+            write,
+            file,
+        });
+        out
     }
 
-    pub(in crate::cgroup) fn path(&self, controller: &str, file: &str) -> Option<PathBuf> {
-        self.dir(controller).map(|d| d.join(file))
-    }
-
-    pub(in crate::cgroup) fn write(&self, controller: &str, file: &str, value: &str) -> Result<()> {
+    pub(in crate::cgroup) fn write(
+        &self,
+        controller: &str,
+        file: &'static str,
+        value: &str,
+    ) -> Result<()> {
         let dir = self
-            .dir(controller)
+            .index(controller)
             .ok_or_else(|| CgroupError::Unusable(format!("no cgroup v1 {controller} hierarchy")))?;
-        let path = dir.join(file);
-        self.fs.write(&path, value).wrap("write", &path)
+        self.with_file(dir, file, true, |f| write_command(f, value))
+            .wrap("write", &self.dirs[dir].dir.join(file))
     }
 
-    pub(in crate::cgroup) fn read(&self, controller: &str, file: &str) -> Option<String> {
-        self.fs.read(&self.dir(controller)?.join(file)).ok()
+    pub(in crate::cgroup) fn read(&self, controller: &str, file: &'static str) -> Option<String> {
+        self.with_file(self.index(controller)?, file, false, read_whole)
+            .ok()
+    }
+
+    fn number(&self, controller: &str, file: &'static str) -> Option<u64> {
+        self.read(controller, file)
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    }
+
+    /// Each directory's `tasks` file, opened the first time.
+    pub(in crate::cgroup) fn tasks(&self) -> Result<Vec<BorrowedFd<'_>>> {
+        let tasks = match self.open.tasks.get() {
+            Some(tasks) => tasks,
+            None => {
+                let files = self
+                    .dirs
+                    .iter()
+                    .map(|d| {
+                        let path = d.dir.join("tasks");
+                        self.fs.open_write(&path).wrap("open", &path)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                self.open.tasks.get_or_init(|| files)
+            }
+        };
+        Ok(tasks.iter().map(AsFd::as_fd).collect())
+    }
+
+    /// The peak of the run's memory, as its memory cgroup counts it.
+    pub(in crate::cgroup) fn peak_memory(&self) -> Option<u64> {
+        self.number(MEMORY, "memory.max_usage_in_bytes")
     }
 
     /// Changes the limits from `from`, what the files hold now, to `to`,
@@ -94,27 +195,31 @@ impl RunV1 {
 
     /// The usage counters as they are now.
     pub(in crate::cgroup) fn counters(&self) -> Counters {
-        let number = |c: &str, f: &str| self.read(c, f).and_then(|s| s.trim().parse::<u64>().ok());
         Counters {
             oom_kills: self
                 .read(MEMORY, "memory.oom_control")
                 .and_then(|s| keyed(&s, "oom_kill")),
-            failcnt: number(MEMORY, "memory.failcnt"),
-            peak_memory_bytes: number(MEMORY, "memory.max_usage_in_bytes"),
-            cpu_ns: number("cpuacct", "cpuacct.usage"),
+            failcnt: self.number(MEMORY, "memory.failcnt"),
+            peak_memory_bytes: self.peak_memory(),
+            cpu_ns: self.number("cpuacct", "cpuacct.usage"),
         }
     }
 
-    /// The directory whose `cgroup.procs` lists the run's processes for a
-    /// kill: the freezer's, which can stop them first, when there is one.
-    pub(in crate::cgroup) fn procs_dir(&self) -> Option<&Path> {
-        self.dir("freezer")
-            .or_else(|| self.dirs.first().map(|d| d.dir.as_path()))
+    /// The index of the directory whose `cgroup.procs` lists the run's
+    /// processes for a kill: the freezer's, which can stop them first, when
+    /// there is one.
+    pub(in crate::cgroup) fn procs_dir(&self) -> Option<usize> {
+        self.index("freezer")
+            .or_else(|| (!self.dirs.is_empty()).then_some(0))
     }
 
-    /// The processes in the run, as listed by `controller`'s hierarchy.
-    pub(in crate::cgroup) fn procs(&self, dir: &Path) -> Vec<libc::pid_t> {
-        parse_pids(&self.fs.read(&dir.join("cgroup.procs")).unwrap_or_default())
+    /// The processes in the run, as listed by directory `dir`'s hierarchy.
+    pub(in crate::cgroup) fn procs(&self, dir: usize) -> Vec<libc::pid_t> {
+        parse_pids(
+            &self
+                .with_file(dir, "cgroup.procs", false, read_whole)
+                .unwrap_or_default(),
+        )
     }
 }
 
@@ -137,27 +242,28 @@ impl RunCgroup for RunV1 {
         let Some(procs_dir) = self.procs_dir() else {
             return Ok(());
         };
-        let freezer = self.dir("freezer");
+        let freezer = self.dir("freezer").is_some();
         if self.procs(procs_dir).is_empty() {
             return Ok(());
         }
         // Frozen, nothing forks between reading the list and killing it, and
         // no pid is freed (so none is reused) meanwhile.
-        if let Some(dir) = freezer {
-            let state = dir.join("freezer.state");
-            self.fs.write(&state, "FROZEN").wrap("write", &state)?;
+        if freezer {
+            self.write("freezer", "freezer.state", "FROZEN")?;
             for _ in 0..100 {
-                if self.fs.read(&state).is_ok_and(|s| s.trim() == "FROZEN") {
+                if self
+                    .read("freezer", "freezer.state")
+                    .is_some_and(|s| s.trim() == "FROZEN")
+                {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
         kill_pids(&self.procs(procs_dir));
-        if let Some(dir) = freezer {
+        if freezer {
             // The killed processes die as soon as they are thawed.
-            let state = dir.join("freezer.state");
-            self.fs.write(&state, "THAWED").wrap("write", &state)?;
+            self.write("freezer", "freezer.state", "THAWED")?;
         }
         Ok(())
     }
@@ -166,14 +272,21 @@ impl RunCgroup for RunV1 {
         self.counters().since(&Counters::default())
     }
 
+    fn peak_memory(&self) -> Option<u64> {
+        RunV1::peak_memory(self)
+    }
+
     fn remove(&mut self) -> Result<()> {
         let fs = self.fs.clone();
         let mut first_error = None;
+        // Closed first: indexed by `dirs`, which changes below.
+        self.open = OpenFiles::default();
         let dirs = std::mem::take(&mut self.dirs);
         let mut left = Vec::new();
         for d in dirs {
             let kill = || {
-                kill_pids(&self.procs(&d.dir));
+                let procs = fs.read(&d.dir.join("cgroup.procs")).unwrap_or_default();
+                kill_pids(&parse_pids(&procs));
             };
             match rmdir_retrying(fs.as_ref(), &d.dir, &kill) {
                 Ok(()) => {}
