@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # A/B of two fnrun builds on the warm path: interleaved rounds, each with a
 # fresh daemon of one build, 200 sequential calls (p50) and 600 calls at
-# concurrency 8 (runs/s) of the bench's `cat` image. Interleaving and paired
-# ratios keep a slow spell of the machine from favouring either side.
+# concurrency 8 (runs/s) of the bench's `cat` image, and the daemon's own CPU
+# time per call over both (its threads' user and system time from
+# /proc/PID/stat; not its sandboxes', nor the spawner's). Interleaving and
+# paired ratios keep a slow spell of the machine from favouring either side;
+# the CPU time moves far less with the machine than the latencies do.
 #
 #   bench/ab.sh OLD_FNRUN NEW_FNRUN [ROUNDS=8]
 #   LOAD_ARGS="--deadline 30" bench/ab.sh ...   (calls carry a grpc-timeout)
@@ -24,9 +27,13 @@ for r in $(seq "$ROUNDS"); do
     bin=$OLD; [ "$side" = new ] && bin=$NEW
     start_daemon "$bin"
     load first 1 1 0 >/dev/null
+    t0=$(awk '{print $14 + $15}' "/proc/$DAEMON_PID/stat")
     p50=$(load seq 1 200 20 | awk '{print $5}')
     tput=$(load c8 8 600 40 | awk '{print $10}')
-    echo "$r $side $p50 $tput"
+    t1=$(awk '{print $14 + $15}' "/proc/$DAEMON_PID/stat")
+    # Clock ticks (USER_HZ) over the 860 calls, in microseconds per call.
+    cpu=$(( (t1 - t0) * 1000000 / $(getconf CLK_TCK) / 860 ))
+    echo "$r $side $p50 $tput $cpu"
     stop_daemon
   done
 done | tee "$WORK/ab.txt"
@@ -35,8 +42,8 @@ python3 - "$WORK/ab.txt" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 by = {}
-for r, side, p50, tput in rows:
-    by.setdefault(r, {})[side] = (float(p50), float(tput))
+for r, side, p50, tput, cpu in rows:
+    by.setdefault(r, {})[side] = (float(p50), float(tput), float(cpu))
 pairs = [v for v in by.values() if len(v) == 2]
 lat = [v["new"][0] / v["old"][0] for v in pairs]
 thr = [v["new"][1] / v["old"][1] for v in pairs]
@@ -46,4 +53,8 @@ print(f"p50 (ms), median of rounds: old {statistics.median(v['old'][0] for v in 
 print(f"c=8 runs/s, median of rounds: old {statistics.median(v['old'][1] for v in pairs):.0f}, "
       f"new {statistics.median(v['new'][1] for v in pairs):.0f}; "
       f"paired new/old median {statistics.median(thr):.2f} ({min(thr):.2f}..{max(thr):.2f})")
+cpu = [v["new"][2] / v["old"][2] for v in pairs]
+print(f"daemon CPU us/call, median of rounds: old {statistics.median(v['old'][2] for v in pairs):.0f}, "
+      f"new {statistics.median(v['new'][2] for v in pairs):.0f}; "
+      f"paired new/old median {statistics.median(cpu):.2f} ({min(cpu):.2f}..{max(cpu):.2f})")
 PY
