@@ -41,7 +41,8 @@ log() { printf '\n== %s (%s)\n' "$*" "$(date -u +%T)" >&2; }
 # ---------------------------------------------------------------- tools
 need_pkgs=()
 for pair in hyperfine:hyperfine runc:runc umoci:umoci skopeo:skopeo \
-            docker-registry:docker-registry jq:jq strace:strace unshare:util-linux; do
+            docker-registry:docker-registry jq:jq strace:strace unshare:util-linux \
+            protoc:protobuf-compiler; do  # protoc: the grpc-go client of step (d2)
   command -v "${pair%%:*}" >/dev/null || need_pkgs+=("${pair#*:}")
 done
 [ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' \
