@@ -48,7 +48,7 @@ pub(crate) fn error_line(e: &dyn std::fmt::Display) -> String {
 
 /// Raises this process's soft limit on open descriptors to its hard limit, as
 /// the Go runtime does for every program. A daemon holds descriptors for each
-/// call in flight and for each cgroup v1 slot it keeps (about 15), and the
+/// call in flight and for each cgroup v1 slot it keeps (up to 19), and the
 /// usual soft default of 1024 would cap it far below what the host allows.
 /// Functions are not affected: the sandbox sets their limit from the hard
 /// limit.
