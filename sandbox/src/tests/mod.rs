@@ -1197,12 +1197,7 @@ async fn a_reused_v1_slot_keeps_its_files_open_until_it_is_removed() {
         .iter()
         .filter_map(|(_, p)| p.file_name()?.to_str().map(str::to_owned))
         .collect();
-    for name in [
-        "tasks",
-        "memory.max_usage_in_bytes",
-        "cpuacct.usage",
-        "cgroup.procs",
-    ] {
+    for name in ["tasks", "memory.max_usage_in_bytes", "cpuacct.usage"] {
         assert!(names.contains(name), "{name} is not kept open: {first:?}");
     }
     // A reused slot also resets its peak: one more file, then no other.
@@ -1240,6 +1235,9 @@ fn a_v1_cgroup_that_is_not_empty_after_its_run_is_removed_not_reused() {
     let mut run = driver.create(&name, &Limits::default()).unwrap();
     let dirs = run.dirs();
     assert!(dirs.iter().all(|d| d.ends_with(&name)), "{dirs:?}");
+    // Nothing to kill yet: its process list is read while empty. v1 caches
+    // that list for a second for the open file that read it.
+    run.kill().unwrap();
     // A process the run left behind.
     let mut stray = std::process::Command::new("sleep")
         .arg("30")

@@ -214,12 +214,13 @@ impl RunV1 {
     }
 
     /// The processes in the run, as listed by directory `dir`'s hierarchy.
+    /// Opened afresh each time: v1 keeps the pid list it read for an open
+    /// `cgroup.procs` and shows it again, for a second after, to a read
+    /// from the start of the same open file, so a kept one could say a
+    /// cgroup is empty when it is not, or name pids since reused.
     pub(in crate::cgroup) fn procs(&self, dir: usize) -> Vec<libc::pid_t> {
-        parse_pids(
-            &self
-                .with_file(dir, "cgroup.procs", false, read_whole)
-                .unwrap_or_default(),
-        )
+        let path = self.dirs[dir].dir.join("cgroup.procs");
+        parse_pids(&self.fs.read(&path).unwrap_or_default())
     }
 }
 
