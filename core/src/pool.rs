@@ -377,7 +377,9 @@ impl Pool {
     ) -> Result<Outcome, Error> {
         let sandbox = &self.inner.sandbox;
         let Some(key) = Key::of(spec) else {
-            return sandbox.run(spec, input, timeout).await;
+            return sandbox
+                .run_off_worker(Arc::new(spec.clone()), input, timeout)
+                .await;
         };
         let (taken, _in_flight) = self.take(&key);
         // The refill starts once this call has its sandbox, so that a call

@@ -481,7 +481,10 @@ impl Runner {
         let outcome = match &self.pool {
             Some(pool) => pool.run(&spec, lease, &req.input, req.timeout).await?,
             None => {
-                let outcome = self.sandbox.run(&spec, &req.input, req.timeout).await;
+                let outcome = self
+                    .sandbox
+                    .run_off_worker(Arc::new(spec), &req.input, req.timeout)
+                    .await;
                 drop(lease);
                 outcome?
             }

@@ -222,6 +222,22 @@ impl Sandbox {
         self.run_and_end(prepared, input, timeout, since).await
     }
 
+    /// [`Sandbox::run`] with its sandbox made on the tokio runtime's
+    /// blocking pool (see [`Sandbox::prepare_off_worker`]), for a caller on
+    /// an async worker: the runner's runs that its pool has no sandbox for
+    /// (those with bind mounts or a caller's ids), and every run of a
+    /// runner without a pool (the CLI's, `--sandbox-pool 0`).
+    pub async fn run_off_worker(
+        self: &Arc<Self>,
+        spec: Arc<RunSpec>,
+        input: &[u8],
+        timeout: Duration,
+    ) -> Result<Outcome, Error> {
+        let prepared = self.prepare_off_worker(spec).await?;
+        let since = prepared.started.at;
+        self.run_and_end(prepared, input, timeout, since).await
+    }
+
     /// The call on a prepared sandbox: `input` on stdin, every process of
     /// the run killed after `timeout`, counted from now. As [`Sandbox::run`]
     /// otherwise: the function drops its privileges and installs the

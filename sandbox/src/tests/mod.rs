@@ -1551,3 +1551,63 @@ async fn an_image_of_127_layers_runs() {
 mod mounts;
 mod prepared;
 mod service;
+
+/// Clones as the launcher it wraps does, noting the thread that asked.
+#[derive(Debug)]
+struct ThreadNoting {
+    inner: Box<dyn crate::launch::Launcher>,
+    threads: Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
+}
+
+impl crate::launch::Launcher for ThreadNoting {
+    fn clone_init(
+        &self,
+        request: &crate::launch::Request<'_>,
+    ) -> Result<crate::launch::Launched, crate::launch::Failure> {
+        self.threads
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        self.inner.clone_init(request)
+    }
+
+    fn spawner_pid(&self) -> Option<libc::pid_t> {
+        self.inner.spawner_pid()
+    }
+}
+
+#[test]
+fn a_run_off_the_worker_makes_its_sandbox_on_the_blocking_pool() {
+    let fx = Fixture::new();
+    let mut sandbox = Sandbox::new(fx.sandbox.config().clone()).unwrap();
+    let threads = Arc::<std::sync::Mutex<Vec<_>>>::default();
+    let inner = std::mem::replace(
+        &mut sandbox.launcher,
+        Box::new(crate::launch::Direct::new(None)),
+    );
+    sandbox.launcher = Box::new(ThreadNoting {
+        inner,
+        threads: threads.clone(),
+    });
+    let sandbox = Arc::new(sandbox);
+    // One worker, this thread: a clone made on it holds up every task.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let worker = std::thread::current().id();
+    let outcome = runtime
+        .block_on(sandbox.run_off_worker(Arc::new(fx.spec("echo off")), b"", TIMEOUT))
+        .unwrap();
+    assert_eq!(outcome.status, Status::Exited(0));
+    assert_eq!(outcome.stdout, b"off\n");
+    // `run` clones on its caller's thread, for the CLI.
+    let outcome = runtime
+        .block_on(sandbox.run(&fx.spec("echo on"), b"", TIMEOUT))
+        .unwrap();
+    assert_eq!(outcome.stdout, b"on\n");
+    let threads = threads.lock().unwrap();
+    assert_eq!(threads.len(), 2, "{threads:?}");
+    assert_ne!(threads[0], worker, "run_off_worker cloned on the worker");
+    assert_eq!(threads[1], worker);
+}
