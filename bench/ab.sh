@@ -9,6 +9,7 @@
 #
 #   bench/ab.sh OLD_FNRUN NEW_FNRUN [ROUNDS=8]
 #   LOAD_ARGS="--deadline 30" bench/ab.sh ...   (calls carry a grpc-timeout)
+#   DAEMON_ARGS="--sandbox-pool 0" bench/ab.sh ...   (options of both daemons)
 #
 # The binaries are release builds (e.g. `git worktree add /tmp/old <commit>`
 # then `cargo build --release -p fnrun` there). The load client is built from

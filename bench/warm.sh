@@ -5,7 +5,8 @@
 #   stop_daemon
 #   load LABEL CONC N WARMUP      the load client's summary line
 # LOAD_ARGS adds options of the load client to every load (e.g.
-# LOAD_ARGS="--deadline 30": each call carries a grpc-timeout).
+# LOAD_ARGS="--deadline 30": each call carries a grpc-timeout), and
+# DAEMON_ARGS options of `fnrun serve` (e.g. DAEMON_ARGS="--sandbox-pool 0").
 # $ROOT must be the checkout.
 # LOADGEN, if set, is the load client to use instead of building one.
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-bench}
@@ -26,7 +27,8 @@ LAYOUT=$WORK/cat-layout
 
 start_daemon() {
   rm -rf "$WORK/cache" "$WORK/sock"
-  "$1" serve --listen "unix:$WORK/sock" --cache-dir "$WORK/cache" > "$WORK/daemon.log" 2>&1 &
+  # shellcheck disable=SC2086 # DAEMON_ARGS is split into options
+  "$1" serve --listen "unix:$WORK/sock" --cache-dir "$WORK/cache" ${DAEMON_ARGS:-} > "$WORK/daemon.log" 2>&1 &
   DAEMON_PID=$!
   for _ in $(seq 100); do [ -S "$WORK/sock" ] && break; sleep 0.1; done
 }
