@@ -1601,7 +1601,7 @@ fn a_run_off_the_worker_makes_its_sandbox_on_the_blocking_pool() {
         .unwrap();
     assert_eq!(outcome.status, Status::Exited(0));
     assert_eq!(outcome.stdout, b"off\n");
-    // `run` clones on its caller's thread, for the CLI.
+    // `run` clones on its caller's thread.
     let outcome = runtime
         .block_on(sandbox.run(&fx.spec("echo on"), b"", TIMEOUT))
         .unwrap();
