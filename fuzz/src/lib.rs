@@ -28,6 +28,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("spawner_codec", spawner_codec),
     ("manifest", manifest),
     ("layer", layer),
+    ("cgroup_file", cgroup_file),
 ];
 
 /// The YAML bounds check agrees with the parser: what it refuses for
@@ -669,6 +670,57 @@ fn check_layer_tree(dir: &std::path::Path, files: &mut std::collections::HashMap
                 kind.is_symlink() || kind.is_fifo(),
                 "{} is a {kind:?}",
                 path.display()
+            );
+        }
+    }
+}
+
+/// A cgroupfs interface file as the cgroup drivers read it: read whole from
+/// its start, whatever its length against the 512-byte reads, and the same
+/// when read again through the same descriptor; refused as not UTF-8 only
+/// when it is not. Its pids and keyed values are what its lines say.
+pub fn cgroup_file(data: &[u8]) {
+    use fnrun_sandbox::cgroup_files;
+    use std::io::Write;
+    let mut file = tempfile::tempfile().expect("a temporary file");
+    file.write_all(data).expect("the file written");
+    for read in 0..2 {
+        let whole = cgroup_files::read_whole(&file);
+        match std::str::from_utf8(data) {
+            Ok(text) => assert_eq!(
+                whole.as_deref().ok(),
+                Some(text),
+                "read {read} of {} bytes",
+                data.len()
+            ),
+            Err(_) => assert_eq!(
+                whole.map_err(|e| e.kind()).err(),
+                Some(std::io::ErrorKind::InvalidData),
+                "{} bytes not UTF-8",
+                data.len()
+            ),
+        }
+    }
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let pids = cgroup_files::pids(text);
+    assert!(pids.len() <= words.len());
+    for pid in &pids {
+        assert!(
+            words.iter().any(|w| w.parse::<i32>() == Ok(*pid)),
+            "{pid} is no word of the file"
+        );
+    }
+    // A key of the file's own (its first word), and one of the kernel's.
+    for key in words.first().copied().into_iter().chain(["oom_kill"]) {
+        if let Some(value) = cgroup_files::keyed(text, key) {
+            assert!(
+                text.lines().any(|l| l
+                    .split_once(' ')
+                    .is_some_and(|(k, v)| k == key && v.trim().parse() == Ok(value))),
+                "{key} {value} is on no line"
             );
         }
     }

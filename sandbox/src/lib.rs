@@ -103,5 +103,27 @@ pub mod spawner_codec {
     }
 }
 
+/// cgroupfs interface files as the cgroup drivers read them, for the fuzz
+/// target of `fnrun-fuzz`; not an API.
+#[doc(hidden)]
+pub mod cgroup_files {
+    /// The whole of an open interface file, read from its start, as a v1
+    /// run's kept files are read each time.
+    pub fn read_whole(file: &std::fs::File) -> std::io::Result<String> {
+        crate::cgroup::read_whole(file)
+    }
+
+    /// The pids of a `cgroup.procs` or `tasks` file.
+    pub fn pids(text: &str) -> Vec<libc::pid_t> {
+        crate::cgroup::parse_pids(text)
+    }
+
+    /// The value of `key` in a flat keyed file (`memory.events`,
+    /// `cpu.stat`, `memory.oom_control`).
+    pub fn keyed(text: &str, key: &str) -> Option<u64> {
+        crate::cgroup::keyed(text, key)
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -235,7 +235,7 @@ pub trait CgroupFs: fmt::Debug + Send + Sync {
 /// A read that does not fill the buffer has read to the end (a cgroupfs
 /// file is a `seq_file`, which fills what it is given), so a small file
 /// takes one `pread`.
-pub(super) fn read_whole(file: &std::fs::File) -> io::Result<String> {
+pub(crate) fn read_whole(file: &std::fs::File) -> io::Result<String> {
     use std::os::unix::fs::FileExt;
     let mut text = Vec::new();
     let mut chunk = [0u8; 512];
@@ -317,7 +317,7 @@ pub(super) fn delegation_hint() -> String {
 }
 
 /// The pids listed in a `cgroup.procs` file.
-pub(super) fn parse_pids(text: &str) -> Vec<libc::pid_t> {
+pub(crate) fn parse_pids(text: &str) -> Vec<libc::pid_t> {
     text.split_whitespace()
         .filter_map(|p| p.parse().ok())
         .collect()
@@ -325,7 +325,7 @@ pub(super) fn parse_pids(text: &str) -> Vec<libc::pid_t> {
 
 /// The value of `key` in a flat keyed file (`memory.events`, `cpu.stat`,
 /// `memory.oom_control`).
-pub(super) fn keyed(text: &str, key: &str) -> Option<u64> {
+pub(crate) fn keyed(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         if k == key {

@@ -24,6 +24,7 @@ pub use self::driver::{
     CgroupBase, CgroupConfig, CgroupDriver, CgroupError, CgroupFs, Controllers, HostFs, Placement,
     Result, RunCgroup, Usage, Version,
 };
+pub(crate) use self::driver::{keyed, parse_pids, read_whole};
 pub use self::layout::{Layout, layout};
 pub use self::names::{RunNames, is_stale};
 
