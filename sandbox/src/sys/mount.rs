@@ -242,6 +242,16 @@ pub fn file_id(fd: RawFd) -> SysResult<(u64, u64)> {
     Ok((st.st_dev, st.st_ino))
 }
 
+/// The type of the file at `path` (the `S_IFMT` bits of its mode),
+/// following symlinks as mount(2) follows its target.
+pub fn file_type(path: &CStr) -> SysResult<libc::mode_t> {
+    // SAFETY: stat64 is plain old data; all-zero is a valid value.
+    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated and st a valid out pointer.
+    check_int(unsafe { libc::fstatat64(libc::AT_FDCWD, path.as_ptr(), &mut st, 0) })?;
+    Ok(st.st_mode & libc::S_IFMT)
+}
+
 /// open_tree(2) with `OPEN_TREE_CLONE | AT_RECURSIVE`: a detached copy of
 /// the mount tree at the file open at `fd` (close-on-exec).
 pub fn clone_tree(fd: RawFd) -> SysResult<Fd> {

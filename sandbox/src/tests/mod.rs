@@ -711,6 +711,77 @@ async fn proc_sys_and_dev_are_masked_or_read_only() {
     }
 }
 
+/// A masked directory gets its tmpfs without a bind of `/dev/null` tried
+/// over it first (a bind the kernel refuses only after cloning the mount,
+/// whose drop then waits out an expedited RCU grace period, host-wide), a
+/// missing path is passed over, and a file gets `/dev/null`. Shown in a
+/// root without `/dev/null`, where no bind of it can succeed: the directory
+/// is masked all the same, and the file's mask fails instead of being
+/// passed over as missing.
+#[test]
+fn a_mask_goes_by_the_type_of_its_path() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("d")).unwrap();
+    std::fs::write(dir.path().join("f"), "x").unwrap();
+    let root = std::ffi::CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+    let mask = |path: &std::ffi::CStr| Step::Mask {
+        path: path.to_owned(),
+    };
+    let (d, missing, f) = (mask(c"/d"), mask(c"/missing"), mask(c"/f"));
+    // The child of a threaded process: raw system calls only, then _exit,
+    // with the first check that failed as its status.
+    let child = || -> i32 {
+        // SAFETY: unshare, chroot, statfs and statvfs are system calls; the
+        // strings and steps were made before the fork.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                return 10;
+            }
+            if crate::sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None).is_err()
+                || libc::chroot(root.as_ptr()) != 0
+                || libc::chdir(c"/".as_ptr()) != 0
+            {
+                return 11;
+            }
+            let mut trees = crate::steps::Trees::new();
+            if d.run(&mut trees).is_err() {
+                return 20;
+            }
+            let mut fs: libc::statfs = std::mem::zeroed();
+            if libc::statfs(c"/d".as_ptr(), &mut fs) != 0 || fs.f_type != libc::TMPFS_MAGIC {
+                return 21;
+            }
+            let mut vfs: libc::statvfs = std::mem::zeroed();
+            if libc::statvfs(c"/d".as_ptr(), &mut vfs) != 0 || vfs.f_flag & libc::ST_RDONLY == 0 {
+                return 22;
+            }
+            if missing.run(&mut trees).is_err() {
+                return 30;
+            }
+            if f.run(&mut trees) != Err(nix::errno::Errno::ENOENT) {
+                return 40;
+            }
+            0
+        }
+    };
+    // SAFETY: the child only calls `child` and _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: _exit ends the child without running the parent's
+        // destructors or atexit handlers.
+        unsafe { libc::_exit(child()) }
+    }
+    let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
+    assert_eq!(
+        status,
+        nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 0),
+        "10: unshare, 11: the root, 2x: the directory (20: the step, 21: not a \
+         tmpfs, 22: writable), 30: the missing path, 40: the file"
+    );
+}
+
 #[tokio::test]
 async fn sys_is_a_read_only_sysfs_or_empty() {
     let fx = Fixture::new();
