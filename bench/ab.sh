@@ -4,9 +4,10 @@
 # them that found the sandbox pool empty, from the daemon's metrics) and 600
 # calls at concurrency 8 (runs/s) of the bench's `cat` image, and the
 # daemon's own CPU time per call over both (its threads' user and system
-# time from /proc/PID/stat; not its sandboxes', nor the spawner's). Interleaving and
-# paired ratios keep a slow spell of the machine from favouring either side;
-# the CPU time moves far less with the machine than the latencies do.
+# time from /proc/PID/stat; not its sandboxes', nor the spawner's).
+# Interleaving and paired ratios keep a slow spell of the machine from
+# favouring either side; the CPU time moves far less with the machine than
+# the latencies do.
 #
 #   bench/ab.sh OLD_FNRUN NEW_FNRUN [ROUNDS=8]
 #   LOAD_ARGS="--deadline 30" bench/ab.sh ...   (calls carry a grpc-timeout)
