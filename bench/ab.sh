@@ -39,13 +39,13 @@ for r in $(seq "$ROUNDS"); do
     bin=$OLD; [ "$side" = new ] && bin=$NEW
     start_daemon "$bin"
     load first 1 1 0 >/dev/null
-    t0=$(awk '{print $14 + $15}' "/proc/$DAEMON_PID/stat")
+    t0=$(cpu_ticks "$DAEMON_PID")
     m0=$(misses)
     read -r p50 p99 < <(load seq 1 400 20 | awk '{print $5, $7}')
     # Of the 420 sequential calls (the warm-up's too), in percent.
     miss=$(awk -v a="$m0" -v b="$(misses)" 'BEGIN {printf "%.1f", (b - a) * 100 / 420}')
     tput=$(load c8 8 600 40 | awk '{print $10}')
-    t1=$(awk '{print $14 + $15}' "/proc/$DAEMON_PID/stat")
+    t1=$(cpu_ticks "$DAEMON_PID")
     # Clock ticks (USER_HZ) over the 1060 calls, in microseconds per call.
     cpu=$(( (t1 - t0) * 1000000 / $(getconf CLK_TCK) / 1060 ))
     echo "$r $side $p50 $tput $cpu $p99 $miss"

@@ -17,16 +17,15 @@ ROUNDS=$1; shift
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=bench/warm.sh
 . "$ROOT/bench/warm.sh"
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 for r in $(seq "$ROUNDS"); do
   for bin in "$@"; do
     start_daemon "$bin"
     load first 1 1 0 >/dev/null
     p50=$(load m 1 300 30 | awk '{print $5}')
-    before=$(ticks "$DAEMON_PID")
+    before=$(cpu_ticks "$DAEMON_PID")
     tput=$(load m 8 1500 40 | awk '{print $10}')
-    echo "$r $bin $p50 $tput $(( $(ticks "$DAEMON_PID") - before ))"
+    echo "$r $bin $p50 $tput $(( $(cpu_ticks "$DAEMON_PID") - before ))"
     stop_daemon
   done
 done | tee "$WORK/builds.txt"

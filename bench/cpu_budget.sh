@@ -23,20 +23,19 @@ N=${N:-1500}
 . "$ROOT/bench/warm.sh"
 
 busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
-own_cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
 for _ in $(seq "$ROUNDS"); do
   start_daemon "$FNRUN"
   load warmup 8 200 20 > /dev/null
   sleep 1
-  b0=$(busy); d0=$(own_cpu "$DAEMON_PID"); t0=$(date +%s.%N)
+  b0=$(busy); d0=$(cpu_ticks "$DAEMON_PID"); t0=$(date +%s.%N)
   /usr/bin/time -f "%U %S" -o "$WORK/load.time" "$LOADGEN" --socket "$WORK/sock" \
     --image "oci:$LAYOUT:latest" --input "$WORK/input.yaml" -c 8 -n "$N" --warmup 0 \
     --label budget --json /dev/null > /dev/null 2>&1
   t1=$(date +%s.%N)
   sleep 1
-  b1=$(busy); d1=$(own_cpu "$DAEMON_PID")
+  b1=$(busy); d1=$(cpu_ticks "$DAEMON_PID")
   stop_daemon
   read -r lu ls < "$WORK/load.time"
   awk -v b=$((b1 - b0)) -v d=$((d1 - d0)) -v lu="$lu" -v ls="$ls" -v n="$N" -v hz="$HZ" \

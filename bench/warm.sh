@@ -4,6 +4,8 @@
 #   start_daemon FNRUN            a fresh daemon of that build ($DAEMON_PID)
 #   stop_daemon
 #   load LABEL CONC N WARMUP      the load client's summary line
+#   cpu_ticks PID                 a process's user and system time so far,
+#                                 its threads' included (clock ticks)
 # LOAD_ARGS adds options of the load client to every load (e.g.
 # LOAD_ARGS="--deadline 30": each call carries a grpc-timeout), and
 # DAEMON_ARGS options of `fnrun serve` (e.g. DAEMON_ARGS="--sandbox-pool 0").
@@ -42,3 +44,5 @@ load() {
   "$LOADGEN" --socket "$WORK/sock" --image "oci:$LAYOUT:latest" --input "$WORK/input.yaml" \
     -c "$2" -n "$3" --warmup "$4" --label "$1" "${LOAD_EXTRA[@]}" --json /dev/null 2>&1 | awk -v l="$1" '$1 == l'
 }
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
