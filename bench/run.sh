@@ -45,6 +45,9 @@ for pair in hyperfine:hyperfine runc:runc umoci:umoci skopeo:skopeo \
             protoc:protobuf-compiler; do  # protoc: the grpc-go client of step (d2)
   command -v "${pair%%:*}" >/dev/null || need_pkgs+=("${pair#*:}")
 done
+# protoc's well-known types (google/protobuf/duration.proto), which fnrun's
+# protos import; Debian's protobuf-compiler ships protoc without them.
+[ -f /usr/include/google/protobuf/duration.proto ] || need_pkgs+=(libprotobuf-dev)
 [ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' \
   || need_pkgs+=(busybox-static)
 if [ ${#need_pkgs[@]} -gt 0 ]; then

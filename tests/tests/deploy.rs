@@ -56,39 +56,28 @@ fn text(out: &Output) -> String {
     )
 }
 
-/// The `kubernetes-validate` command, installed with pip when missing.
+/// The `kubernetes-validate` command of the tests' own venv
+/// (`$FNRUN_TEST_CACHE/validate-venv`, pinned by
+/// `tests/python/validate/requirements.txt`), made or brought up to date by
+/// `tests/python/venv.sh`, which does nothing when it is current. Never a
+/// copy from the system's Python: its version would be whatever was there.
 fn kubernetes_validate() -> PathBuf {
-    let works =
-        |p: &Path| output(Command::new(p).arg("--version")).is_ok_and(|o| o.status.success());
-    let candidates = || {
-        let mut c = vec![PathBuf::from("kubernetes-validate")];
-        if let Some(home) = std::env::var_os("HOME") {
-            c.push(Path::new(&home).join(".local/bin/kubernetes-validate"));
-        }
-        c
-    };
-    if let Some(found) = candidates().into_iter().find(|p| works(p)) {
-        return found;
-    }
-    let mut errors = String::new();
-    for python in ["python3", "python"] {
-        for extra in [&[][..], &["--break-system-packages"][..]] {
-            match output(
-                Command::new(python)
-                    .args(["-m", "pip", "install", "--quiet", "kubernetes-validate"])
-                    .args(extra),
-            ) {
-                Ok(o) if o.status.success() => {
-                    if let Some(found) = candidates().into_iter().find(|p| works(p)) {
-                        return found;
-                    }
-                }
-                Ok(o) => errors.push_str(&text(&o)),
-                Err(e) => errors.push_str(&format!("{python}: {e}\n")),
-            }
-        }
-    }
-    panic!("kubernetes-validate is not installed and pip could not install it:\n{errors}");
+    let venv = fnrun_tests::tool_cache::dir().join("validate-venv");
+    let requirements = repo().join("tests/python/validate/requirements.txt");
+    let out = output(
+        Command::new(repo().join("tests/python/venv.sh"))
+            .arg(&venv)
+            .arg(&requirements)
+            .arg("kubernetes_validate"),
+    )
+    .expect("run tests/python/venv.sh");
+    assert!(
+        out.status.success(),
+        "tests/python/venv.sh {} failed:\n{}",
+        venv.display(),
+        text(&out)
+    );
+    venv.join("bin/kubernetes-validate")
 }
 
 #[test]
