@@ -36,7 +36,8 @@
 //!   spare in `fnrun_host`) takes a [`Place`] in the same bounds.
 //! - **Memory.** Each sandbox is measured once ready
 //!   ([`PreparedRun::memory_bytes`]: its cgroup's peak, else its init's
-//!   PSS); the pool counts what those it holds were measured to hold, and
+//!   PSS where the runner may read it, else the estimate below); the pool
+//!   counts what those it holds were measured to hold, and
 //!   an estimate (the average of the last measures) for those in the
 //!   making. With a budget (`--sandbox-pool-memory`), no sandbox is made
 //!   beyond it. `fnrun_sandbox_pool_memory_bytes` reports the count.

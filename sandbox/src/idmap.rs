@@ -28,17 +28,53 @@ const CAP_SETUID: u32 = 7;
 impl IdMap {
     /// The map this process can set up: a range from `map_root_uid`/`gid` when
     /// it holds CAP_SETUID and CAP_SETGID, else its own ids.
+    ///
+    /// The range must exist in this process's own user namespace: root in a
+    /// container with a user namespace of its own (a `hostUsers: false`
+    /// pod) has only the ids its `uid_map` and `gid_map` list, 65536 from 0
+    /// there. Where the asked-for range is not among them, the largest
+    /// range of at least [`MIN_RANGE_SIZE`] ids that is (never the
+    /// runner's own id) stands in, with a warning; where there is none,
+    /// the runner's own ids, as an unprivileged runner maps them.
     pub fn detect(map_root_uid: u32, map_root_gid: u32) -> IdMap {
-        if has_setid_caps() {
-            IdMap::Range {
-                host_uid: map_root_uid,
-                host_gid: map_root_gid,
-                size: RANGE_SIZE,
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        let own = IdMap::Own {
+            host_uid: uid,
+            host_gid: gid,
+        };
+        if !has_setid_caps() {
+            return own;
+        }
+        let read = |file| std::fs::read_to_string(format!("/proc/self/{file}")).ok();
+        let (Some(uid_map), Some(gid_map)) = (read("uid_map"), read("gid_map")) else {
+            return own;
+        };
+        let uids = fit(map_root_uid, &uid_map, uid);
+        let gids = fit(map_root_gid, &gid_map, gid);
+        match (uids, gids) {
+            (Some((host_uid, usize)), Some((host_gid, gsize))) => {
+                let size = usize.min(gsize);
+                if (host_uid, host_gid, size) != (map_root_uid, map_root_gid, RANGE_SIZE) {
+                    tracing::warn!(
+                        asked = %format!("{map_root_uid}/{map_root_gid}+{RANGE_SIZE}"),
+                        mapped = %format!("{host_uid}/{host_gid}+{size}"),
+                        "the ids --map-root-uid/--map-root-gid name do not all exist in this \
+                         process's user namespace; runs map the ids it has"
+                    );
+                }
+                IdMap::Range {
+                    host_uid,
+                    host_gid,
+                    size,
+                }
             }
-        } else {
-            IdMap::Own {
-                host_uid: nix::unistd::geteuid().as_raw(),
-                host_gid: nix::unistd::getegid().as_raw(),
+            _ => {
+                tracing::warn!(
+                    "this process's user namespace has no range of {MIN_RANGE_SIZE} ids to map \
+                     for runs; each run maps the runner's own ids, as a rootless runner does"
+                );
+                own
             }
         }
     }
@@ -136,6 +172,56 @@ impl IdMap {
         write("uid_map", &uid_map)?;
         write("gid_map", &gid_map)
     }
+}
+
+/// The fewest ids a range mapped for runs may have: every id images use by
+/// convention (`nobody` is 65534).
+pub const MIN_RANGE_SIZE: u32 = 65535;
+
+/// The first id and size of the range of ids to map for runs, in a user
+/// namespace whose map (`uid_map` or `gid_map`: `inside outside count`
+/// lines) is `map`: `RANGE_SIZE` ids from `wanted` when they all exist,
+/// else the largest run of at least [`MIN_RANGE_SIZE`] ids that do, short
+/// of `own` (the runner's id, which a run must never share); `None` when
+/// there is none.
+fn fit(wanted: u32, map: &str, own: u32) -> Option<(u32, u32)> {
+    let mut spans: Vec<(u64, u64)> = map
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace().map(|n| n.parse::<u64>().ok());
+            let (first, _, count) = (f.next()??, f.next()??, f.next()??);
+            Some((first, first + count))
+        })
+        .collect();
+    spans.sort_unstable();
+    // Adjacent lines make one span.
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (start, end) in spans {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    let own = u64::from(own);
+    let want = (u64::from(wanted), u64::from(wanted) + u64::from(RANGE_SIZE));
+    if merged.iter().any(|&(s, e)| s <= want.0 && want.1 <= e) && !(want.0..want.1).contains(&own) {
+        return Some((wanted, RANGE_SIZE));
+    }
+    // Each span, split around the runner's own id; ids past u32 do not exist.
+    merged
+        .iter()
+        .flat_map(|&(s, e)| {
+            let e = e.min(1 << 32);
+            if (s..e).contains(&own) {
+                vec![(s, own), (own + 1, e)]
+            } else {
+                vec![(s, e)]
+            }
+        })
+        .map(|(s, e)| (s, e.saturating_sub(s).min(u64::from(RANGE_SIZE))))
+        .filter(|&(_, n)| n >= u64::from(MIN_RANGE_SIZE))
+        .max_by_key(|&(_, n)| n)
+        .and_then(|(s, n)| Some((u32::try_from(s).ok()?, u32::try_from(n).ok()?)))
 }
 
 fn has_setid_caps() -> bool {
@@ -241,6 +327,27 @@ mod tests {
         );
         let err = own.inside_ids(root).unwrap_err().to_string();
         assert!(err.contains("only its own uid and gid"), "{err}");
+    }
+
+    #[test]
+    fn the_range_is_one_this_process_has() {
+        // The initial user namespace has every id.
+        let host = "         0          0 4294967295\n";
+        assert_eq!(fit(100000, host, 0), Some((100000, RANGE_SIZE)));
+        // A hostUsers: false pod: 65536 ids from 0, root among them. The
+        // asked-for range is not there: the ids past root stand in.
+        let pod = "         0 1234567296      65536\n";
+        assert_eq!(fit(100000, pod, 0), Some((1, 65535)));
+        // The range is there but holds the runner's own id.
+        assert_eq!(fit(0, host, 1000), Some((1001, RANGE_SIZE)));
+        // Two lines that meet make one span.
+        let split = "0 500000 100000\n100000 800000 100000\n";
+        assert_eq!(fit(100000, split, 0), Some((100000, RANGE_SIZE)));
+        // Too few ids anywhere: none.
+        assert_eq!(fit(100000, "0 1000 1\n", 0), None);
+        assert_eq!(fit(100000, "0 1000 40000\n", 0), None);
+        assert_eq!(fit(100000, "", 0), None);
+        assert_eq!(fit(100000, "garbage\n", 0), None);
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //! - PID 1 is [`init_main`] ("init"). It waits for the parent to write the id
 //!   maps, builds the root filesystem (the plan's [`crate::steps`]), forks
 //!   the function and reaps every process until the function exits. It then
-//!   reports the function's wait status and exits, which makes the kernel
-//!   kill whatever else is left in the PID namespace. In a service run it
+//!   kills and reaps every other process of the PID namespace, reports the
+//!   function's wait status and exits: a run is over, all its processes
+//!   dead, when its parent reads that report. In a service run it
 //!   also serves the parent's requests for sockets in the run's network
 //!   namespace (see [`sockets`]).
 //! - PID 2 is the function ([`function_main`]): it takes its stdio, drops
@@ -234,15 +235,21 @@ impl Report {
             .collect()
     }
 
-    /// The run's first result on the pipe (what [`Report::read_all`] would
-    /// put first), once init or the function has sent it; `None` when the
-    /// pipe ends or fails first.
-    pub async fn next_result(fd: &OwnedFd) -> Option<Report> {
+    /// The run's results (what [`Report::read_all`] would give) up to and
+    /// with init's [`Report::Exited`], once init has sent it: every process
+    /// of the run is dead then (see `exited`). `Err` with the results read
+    /// when the pipe ends or fails first (init died or failed).
+    pub async fn until_exit(fd: &OwnedFd) -> Result<Vec<Report>, Vec<Report>> {
+        let mut results = Vec::new();
         loop {
             match Report::read_next(fd).await {
                 Ok(Some(Report::Ready)) => {}
-                Ok(result) => return result,
-                Err(_) => return None,
+                Ok(Some(exit @ Report::Exited { .. })) => {
+                    results.push(exit);
+                    return Ok(results);
+                }
+                Ok(Some(failed)) => results.push(failed),
+                Ok(None) | Err(_) => return Err(results),
             }
         }
     }
@@ -322,10 +329,14 @@ fn close_all_but(fds: &InitFds) {
 pub(crate) fn init_main(init: &Init<'_>) -> ! {
     let plan = init.plan;
     close_all_but(&init.fds);
-    // Die with the thread that cloned us, so a crashed parent leaves no run.
-    if let Err(e) = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) {
-        fail(init, Stage::ParentDeathSignal, e, 125);
-    }
+    // Die with the thread that cloned us, so a crashed parent leaves no run:
+    // set here for the wait below, and again once our ids have changed
+    // (which clears it).
+    parent_death_signal(init);
+    // The OOM killer's first pick, before the runner and anything else of
+    // the host (or pod): every process of the run inherits it. Raising it
+    // needs no privilege; where /proc cannot say so, the run goes on.
+    let _ = sys::write_file(c"/proc/self/oom_score_adj", OOM_SCORE_ADJ);
     // Wait until the parent has written the id maps (and placed us in a cgroup).
     let mut byte = [0u8; 1];
     match sys::read(init.fds.sync, &mut byte) {
@@ -344,6 +355,20 @@ pub(crate) fn init_main(init: &Init<'_>) -> ! {
         sys::setresuid(0)
     })();
     if let Err(e) = ids {
+        fail(init, Stage::BecomeRoot, e, 125);
+    }
+    // The kernel clears the parent-death signal when a process's effective
+    // ids change, as they just did when the parent maps a range of ids (as
+    // root): set it again. A parent that died between the two is seen by
+    // its end of the report pipe, closed with it.
+    parent_death_signal(init);
+    if sys::no_reader(init.fds.report) {
+        sys::exit(125);
+    }
+    // Not dumpable: the function, whatever its ids, cannot open init's
+    // descriptors or memory through /proc/1 (the kernel does this itself
+    // when the ids change, but not in a rootless run, whose ids stay).
+    if let Err(e) = sys::prctl(libc::PR_SET_DUMPABLE, 0) {
         fail(init, Stage::BecomeRoot, e, 125);
     }
     // A cgroup namespace rooted at the run's cgroup, now that we are in it.
@@ -396,6 +421,19 @@ pub(crate) fn init_main(init: &Init<'_>) -> ! {
     reap_until(init, function)
 }
 
+/// Every run's `oom_score_adj`: the highest, as Kubernetes gives a
+/// best-effort pod, so that an out-of-memory kill in a cgroup that holds
+/// both (the daemon's pod on cgroup v1 and v2) takes a run, never the
+/// daemon.
+const OOM_SCORE_ADJ: &[u8] = b"1000";
+
+/// SIGKILL on the death of the thread that cloned init.
+fn parent_death_signal(init: &Init<'_>) {
+    if let Err(e) = sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) {
+        fail(init, Stage::ParentDeathSignal, e, 125);
+    }
+}
+
 /// Reaps every process of the namespace (PID 1 inherits every orphan) until
 /// the function exits, then reports its status and exits.
 fn reap_until(init: &Init<'_>, function: libc::pid_t) -> ! {
@@ -408,7 +446,27 @@ fn reap_until(init: &Init<'_>, function: libc::pid_t) -> ! {
     }
 }
 
+/// The function exited with `status`: kills and reaps every other process
+/// of the namespace, then reports the status and exits. So a run is over,
+/// every process of it dead, by the time its parent reads the report: what
+/// the function left running (a listener, a lock, memory) is gone before
+/// the call is answered, pool or not. Cheap when nothing is left: init then
+/// has no child, and nothing is signalled.
 fn exited(init: &Init<'_>, status: libc::c_int) -> ! {
+    loop {
+        match sys::try_wait_any() {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                // Every process of the namespace descends from init, so one
+                // still runs. kill(-1) again after each reap: a fork that
+                // raced the last one made a process it did not reach.
+                sys::kill_all();
+                let _ = sys::wait_any();
+            }
+            // ECHILD: none left.
+            Err(_) => break,
+        }
+    }
     Report::Exited { status }.send(init.fds.report);
     sys::exit(0)
 }

@@ -116,12 +116,16 @@ impl<K> Prepared<K> {
     /// What it holds in memory while it waits: its cgroup's peak (init's
     /// pages and the kernel memory its namespaces, mounts and root took),
     /// else (no cgroup, as for a rootless runner without a delegated one)
-    /// its init's proportional set size; `None` when neither can be read.
+    /// its init's proportional set size, else (init is not dumpable, so
+    /// only a runner with CAP_SYS_PTRACE, root, reads its `smaps_rollup`)
+    /// its private resident memory, which counts pages it still shares
+    /// with its spawner in full; `None` when none can be read.
     pub fn memory_bytes(&self) -> Option<u64> {
         self.started
             .guard
             .peak_memory()
             .or_else(|| pss_bytes(self.pid()))
+            .or_else(|| private_rss_bytes(self.pid()))
     }
 
     /// [`Prepared::ready`], discarding it when it fails: it, once ready, or
@@ -167,6 +171,25 @@ pub(crate) async fn off_worker<T: Send + 'static>(
             errno: nix::errno::Errno::ECANCELED,
         }),
     }
+}
+
+/// The anonymous and shared-memory resident set of process `pid`, from
+/// `status` (which, unlike `smaps_rollup`, needs no access to the process).
+fn private_rss_bytes(pid: libc::pid_t) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |field: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()
+    };
+    kib("RssAnon:")?
+        .checked_add(kib("RssShmem:")?)?
+        .checked_mul(1024)
 }
 
 /// The proportional set size of process `pid`, from `smaps_rollup`.
@@ -254,14 +277,15 @@ impl Sandbox {
             .await
     }
 
-    /// The call on a prepared sandbox, answered as soon as the function has
-    /// exited: [`Sandbox::run_prepared`] without the wait for the rest of the
-    /// run's end. The outcome comes once stdout and stderr are closed and
-    /// init has reported the function's exit, with the cgroup's usage read
-    /// then; init's own exit (which tears down the sandbox's PID, mount and
-    /// other namespaces, killing whatever the function left running), its
-    /// reap and the cgroup's removal are the returned [`Ending`]'s, for the
-    /// caller to await off the call's path. A run cut short (timeout, output
+    /// The call on a prepared sandbox, answered as soon as every process of
+    /// the run is dead: [`Sandbox::run_prepared`] without the wait for the
+    /// teardown. The outcome comes once stdout and stderr are closed and
+    /// init has reported the function's exit, which it does only after it
+    /// killed and reaped whatever the function left running; the cgroup's
+    /// usage is read then. Init's own exit (which tears down the sandbox's
+    /// mount and other namespaces), its reap and the cgroup's removal are
+    /// the returned [`Ending`]'s, for the caller to await off the call's
+    /// path. A run cut short (timeout, output
     /// over its limit) or whose init died is ended before this returns, as
     /// by [`Sandbox::run_prepared`].
     pub async fn answer_prepared(
@@ -312,6 +336,8 @@ impl Sandbox {
         go.send();
         let input = &input[written..];
         let mut io = stdio::Pumped::default();
+        // Reports read off the pipe before init died, in an early answer.
+        let mut read = Vec::new();
         let exited = guard.exited();
         let report = &ends.report;
         let cfg = &self.config;
@@ -323,9 +349,11 @@ impl Sandbox {
                 return None;
             }
             if early {
-                // Init reports the function's exit before it exits itself.
-                if let Some(result) = Report::next_result(report).await {
-                    return Some(result);
+                // Init reports the function's exit once every other process
+                // of the run is dead, and exits right after.
+                match Report::until_exit(report).await {
+                    Ok(results) => return Some(results),
+                    Err(results) => read.extend(results),
                 }
             }
             let _ = exited.await;
@@ -337,14 +365,15 @@ impl Sandbox {
             Ok(_) if io.output_too_large => Some(Status::OutputTooLarge),
             Ok(_) => None,
         };
-        let (status, usage, ending) = if let Ok(Some(result)) = finished {
-            // Answered early: the function has exited, and its result is in.
+        let (status, usage, ending) = if let Ok(Some(results)) = finished {
+            // Answered early: every process of the run is dead, and its
+            // results are in.
             let usage = guard.usage();
             let ending = Ending {
                 guard: Some(guard),
                 _report: Some(ends.report),
             };
-            match process::ended(&plan, None, &[result], None, &usage) {
+            match process::ended(&plan, None, &results, None, &usage) {
                 Ok(status) => (status, usage, ending),
                 Err(e) => {
                     ending.finish().await;
@@ -357,8 +386,8 @@ impl Sandbox {
             }
             let init_status = guard.reap().await?;
             let usage = guard.remove_cgroup();
-            let reports = Report::read_all(ends.report);
-            let status = process::ended(&plan, cut, &reports, Some(init_status), &usage)?;
+            read.extend(Report::read_all(ends.report));
+            let status = process::ended(&plan, cut, &read, Some(init_status), &usage)?;
             (status, usage, Ending::default())
         };
         let outcome = Outcome {

@@ -357,12 +357,16 @@ fn remount_read_only(path: &CStr) -> sys::SysResult<()> {
 /// The device nodes a run's `/dev` gets, bound from the host's.
 pub(crate) const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 /// Hidden from the function (runc's and Docker's defaults): kernel memory,
-/// keys, timer and scheduler internals, hardware and firmware interfaces.
-pub(crate) const MASKED_PATHS: [&str; 11] = [
+/// keys, timer and scheduler internals, hardware and firmware interfaces;
+/// and the host's lock table (`/proc/locks` lists every file lock of the
+/// host, other sandboxes' too, by host device and inode; no function needs
+/// it).
+pub(crate) const MASKED_PATHS: [&str; 12] = [
     "/proc/acpi",
     "/proc/asound",
     "/proc/kcore",
     "/proc/keys",
+    "/proc/locks",
     "/proc/latency_stats",
     "/proc/timer_list",
     "/proc/timer_stats",

@@ -62,6 +62,9 @@ pub struct DaemonOpts {
     /// The soft limit on open descriptors it starts with (the hard limit
     /// stays).
     pub open_files: Option<u64>,
+    /// A cgroup (its `cgroup.procs` file) it starts in, as a pod's
+    /// container starts in the pod's.
+    pub cgroup_procs: Option<PathBuf>,
 }
 
 impl Default for DaemonOpts {
@@ -72,6 +75,7 @@ impl Default for DaemonOpts {
             args: Vec::new(),
             env: vec![("RUST_LOG".to_owned(), "info".to_owned())],
             open_files: None,
+            cgroup_procs: None,
         }
     }
 }
@@ -104,6 +108,12 @@ impl DaemonOpts {
 
     pub fn env(mut self, name: &str, value: &str) -> Self {
         self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Starts it in the cgroup whose `cgroup.procs` file is `procs`.
+    pub fn in_cgroup(mut self, procs: PathBuf) -> Self {
+        self.cgroup_procs = Some(procs);
         self
     }
 
@@ -204,6 +214,25 @@ impl Daemon {
             unsafe {
                 cmd.pre_exec(move || {
                     setrlimit(Resource::RLIMIT_NOFILE, n, hard).map_err(std::io::Error::from)
+                });
+            }
+        }
+        if let Some(procs) = &opts.cgroup_procs {
+            use std::os::unix::process::CommandExt;
+            let path = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes())?;
+            // SAFETY: only open, write and close, which are
+            // async-signal-safe, on memory made before the fork, between
+            // fork and exec. "0" moves the writer itself.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    let err = std::io::Error::last_os_error();
+                    libc::close(fd);
+                    if n == 1 { Ok(()) } else { Err(err) }
                 });
             }
         }

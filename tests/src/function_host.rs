@@ -367,14 +367,11 @@ fn write_readable(path: &Path, contents: &[u8]) -> Result<()> {
 }
 
 /// Run cgroups of daemon `daemon_pid` (named `<pidns>-<daemon pid>-...`
-/// under `/sys/fs/cgroup/*/fnrun`) that hold a process.
+/// under [`crate::cgroups::run_parents`]) that hold a process.
 pub fn busy_cgroups(daemon_pid: u32) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return out;
-    };
-    for h in hierarchies.flatten() {
-        let Ok(entries) = std::fs::read_dir(h.path().join("fnrun")) else {
+    for parent in crate::cgroups::run_parents() {
+        let Ok(entries) = std::fs::read_dir(parent) else {
             continue;
         };
         for e in entries.flatten() {

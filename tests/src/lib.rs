@@ -41,6 +41,7 @@
 
 pub mod budget;
 pub mod certs;
+pub mod cgroups;
 pub mod cli;
 pub mod client;
 pub mod crossplane;

@@ -7,8 +7,8 @@
 //! (a marker unique to this test process is in every hostile command line), no
 //! child of the daemon (but its spawner, and the inits of sandboxes made
 //! ahead of their calls, whose one child, the function, waits at its exec), no new mount in the host's or the daemon's mount table,
-//! no process in a cgroup under `/sys/fs/cgroup/*/fnrun` and no new directory
-//! there but the daemon's own run cgroups (kept for reuse on v1, all removed
+//! no process in a run cgroup (below `fnrun` in the tests' own cgroup or at
+//! the top of a hierarchy) and no new directory there but the daemon's own run cgroups (kept for reuse on v1, all removed
 //! when the daemon stops, which is checked once a mode is done), and no growth
 //! of the daemon's cache dir after the warm-up pull.
 //!
@@ -432,7 +432,8 @@ fn mount_table(path: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Every directory below `/sys/fs/cgroup/*/fnrun`.
+/// Every directory below the parents of run cgroups
+/// ([`fnrun_tests::cgroups::run_parents`]).
 fn cgroup_dirs() -> BTreeSet<PathBuf> {
     fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -446,13 +447,8 @@ fn cgroup_dirs() -> BTreeSet<PathBuf> {
         }
     }
     let mut out = BTreeSet::new();
-    if let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") {
-        for h in hierarchies.flatten() {
-            let base = h.path().join("fnrun");
-            if base.is_dir() {
-                walk(&base, &mut out);
-            }
-        }
+    for base in fnrun_tests::cgroups::run_parents() {
+        walk(&base, &mut out);
     }
     out
 }
@@ -1001,7 +997,7 @@ async fn cpu_spin(h: &mut Harness, images: &Images) -> CaseResult {
     ensure!(saw_procs, "the marker scan did not see the spinning shell");
     ensure!(
         saw_cgroup == (h.mode == Mode::Root),
-        "{:?} mode, a run cgroup under /sys/fs/cgroup/*/fnrun seen: {saw_cgroup}",
+        "{:?} mode, a run cgroup of the daemon seen: {saw_cgroup}",
         h.mode
     );
     let status = expect_err(result, &[Code::DeadlineExceeded])?;

@@ -35,10 +35,11 @@ pub struct CgroupConfig {
 /// Where the parent cgroup of runs goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CgroupBase {
-    /// v2: below this process's own cgroup, which is how v2 delegates (a
-    /// systemd unit with `Delegate=yes`, a pod), and runs count against the
-    /// daemon's unit or pod. v1, which has no delegation: at the top of each
-    /// hierarchy, as container runtimes do.
+    /// Below this process's own cgroup, which is how v2 delegates (a
+    /// systemd unit with `Delegate=yes`, a pod): runs count against the
+    /// daemon's unit or pod, and its limits bound them all. On v1, which has
+    /// no delegation, the same in each hierarchy where the own cgroup can be
+    /// written, else at the top of that hierarchy.
     #[default]
     Auto,
     /// Below this process's own cgroup.

@@ -53,14 +53,21 @@ pub fn detect(config: &CgroupConfig, fs: Arc<dyn CgroupFs>) -> Result<Box<dyn Cg
             let parents = hs
                 .iter()
                 .map(|h| {
-                    let base = if config.base == CgroupBase::Own {
-                        &h.own
-                    } else {
-                        &h.mount
+                    let own = parent_dir(&h.own, &config.parent)?;
+                    let top = parent_dir(&h.mount, &config.parent)?;
+                    let (parent, fallback) = match config.base {
+                        CgroupBase::Own => (own, None),
+                        CgroupBase::Top => (top, None),
+                        // Below this process's own cgroup, so that runs
+                        // count against the limits of the daemon's pod or
+                        // unit; at the top where that cannot be written.
+                        CgroupBase::Auto if own == top => (own, None),
+                        CgroupBase::Auto => (own, Some(top)),
                     };
                     Ok(v1::Hierarchy {
                         controllers: h.controllers.clone(),
-                        parent: parent_dir(base, &config.parent)?,
+                        parent,
+                        fallback,
                         own: h.own.clone(),
                     })
                 })

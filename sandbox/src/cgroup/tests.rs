@@ -556,7 +556,7 @@ fn parent_is_a_relative_path_below_the_base() {
 }
 
 #[test]
-fn detect_puts_v1_runs_at_the_top_unless_told_otherwise() {
+fn detect_puts_v1_runs_below_the_own_cgroup_unless_told_otherwise() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     FakeV2::new(&root.join("unified"), "");
@@ -588,17 +588,38 @@ fn detect_puts_v1_runs_at_the_top_unless_told_otherwise() {
     };
     // Plain directories stand in for the v1 hierarchies here.
     let fs: Arc<dyn CgroupFs> = Arc::new(HostFs);
+    // By default below this process's own cgroup in each hierarchy (its
+    // memory cgroup is /process_api/abc, the others the top), so that the
+    // limits of the daemon's own cgroup bound its runs.
     let driver = detect(&config, fs.clone()).unwrap();
     assert_eq!(driver.version(), Version::V1);
-    assert!(driver.parents().contains(&root.join("memory/fnrun")));
-    config.base = CgroupBase::Own;
-    let driver = detect(&config, fs).unwrap();
     assert!(
         driver
             .parents()
             .contains(&root.join("memory/process_api/abc/fnrun"))
     );
     assert!(driver.parents().contains(&root.join("pids/fnrun")));
+    config.base = CgroupBase::Own;
+    let driver = detect(&config, fs.clone()).unwrap();
+    assert!(
+        driver
+            .parents()
+            .contains(&root.join("memory/process_api/abc/fnrun"))
+    );
+    assert!(driver.parents().contains(&root.join("pids/fnrun")));
+    config.base = CgroupBase::Top;
+    let driver = detect(&config, fs.clone()).unwrap();
+    assert!(driver.parents().contains(&root.join("memory/fnrun")));
+    // Where no cgroup can be made below the own one, the top of that
+    // hierarchy (here the own "cgroup" is a plain file).
+    config.base = CgroupBase::Auto;
+    let own = root.join("memory/process_api/abc");
+    std::fs::remove_dir_all(&own).unwrap();
+    std::fs::write(&own, "").unwrap();
+    let driver = detect(&config, fs.clone()).unwrap();
+    assert!(driver.parents().contains(&root.join("memory/fnrun")));
+    config.base = CgroupBase::Own;
+    assert!(detect(&config, fs).is_ok_and(|d| !d.parents().contains(&own.join("fnrun"))));
 }
 
 #[test]

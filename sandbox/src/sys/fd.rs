@@ -30,6 +30,15 @@ pub fn write_all(fd: RawFd, mut buf: &[u8]) -> SysResult<()> {
     Ok(())
 }
 
+/// Writes `data` to the existing file `path` (one open, write, close).
+pub fn write_file(path: &std::ffi::CStr, data: &[u8]) -> SysResult<()> {
+    // SAFETY: open(2) of a NUL-terminated path.
+    let fd = check_int(unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) })?;
+    let written = write_all(fd, data);
+    close(fd);
+    written
+}
+
 pub fn close(fd: RawFd) {
     // SAFETY: closing a descriptor number has no memory effects; errors are moot.
     unsafe { libc::close(fd) };

@@ -106,6 +106,27 @@ pub fn kill_child(pid: libc::pid_t) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
+/// SIGKILL to every process of the caller's PID namespace but itself and
+/// its init (`kill(-1, SIGKILL)`); a namespace's init kills all the others.
+/// `ESRCH` (no other process) is no error worth reporting.
+pub fn kill_all() {
+    // SAFETY: kill(2) has no memory effects.
+    unsafe { libc::kill(-1, libc::SIGKILL) };
+}
+
+/// Whether the pipe whose write end is `fd` has lost every reader: its
+/// `poll` says `POLLERR` then. Nothing is written.
+pub fn no_reader(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: p is one valid pollfd; a zero timeout never blocks.
+    let ret = unsafe { libc::poll(&mut p, 1, 0) };
+    ret > 0 && p.revents & libc::POLLERR != 0
+}
+
 /// getppid(2).
 pub fn parent_pid() -> libc::pid_t {
     // SAFETY: no preconditions.

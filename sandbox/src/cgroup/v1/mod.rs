@@ -22,7 +22,11 @@
 //! ([`RunCgroup::admit`]), and only where they differ from the slot's; its
 //! usage counters are the differences from when it took the slot (the peak is
 //! reset instead). A slot that still holds a process when its run ends, or
-//! whose files could not be written, is removed instead of reused. The pool
+//! whose files could not be written, is removed instead of reused; so is a
+//! slot still charged with more than a few MiB (page cache, dentries and
+//! inodes its runs charged to it, which outlive their processes): v1 refuses
+//! a memory limit below a charge it cannot reclaim. A run with a memory
+//! limit takes an idle slot only when its charge is below half that limit. The pool
 //! needs this process's own cgroups to be writable (the thread must go back);
 //! where they are not, every run gets cgroups of its own, as before.
 
@@ -49,6 +53,9 @@ pub struct Hierarchy {
     pub controllers: Vec<String>,
     /// The parent of run cgroups in it (created if missing).
     pub parent: PathBuf,
+    /// The parent to use instead where `parent` cannot be created or
+    /// written.
+    pub fallback: Option<PathBuf>,
     /// This process's own cgroup in it.
     pub own: PathBuf,
 }
@@ -72,21 +79,38 @@ impl V1 {
         let mut parents = Vec::new();
         let mut homes = Vec::new();
         let mut problems: Vec<(Vec<String>, String)> = Vec::new();
-        for Hierarchy {
-            controllers,
-            parent: dir,
-            own,
-        } in hierarchies
-        {
-            match create_all(fs.as_ref(), &dir).and_then(|()| {
-                nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK).map_err(|e| {
+        let usable = |dir: &Path| {
+            create_all(fs.as_ref(), dir).and_then(|()| {
+                nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).map_err(|e| {
                     CgroupError::Unusable(format!(
                         "cannot create cgroups in {}: {e}",
                         dir.display()
                     ))
                 })
-            }) {
-                Ok(()) => {
+            })
+        };
+        for Hierarchy {
+            controllers,
+            parent,
+            fallback,
+            own,
+        } in hierarchies
+        {
+            let chosen = match (usable(&parent), fallback) {
+                (Ok(()), _) => Ok(parent),
+                (Err(e), Some(top)) => {
+                    tracing::info!(
+                        controllers = %controllers.join(","),
+                        reason = %e,
+                        top = %top.display(),
+                        "cgroup v1: runs go to the top of the hierarchy, not below this process's cgroup"
+                    );
+                    usable(&top).map(|()| top)
+                }
+                (Err(e), None) => Err(e),
+            };
+            match chosen {
+                Ok(dir) => {
                     parents.push(Parent { controllers, dir });
                     homes.push(own);
                 }
@@ -223,7 +247,15 @@ impl CgroupDriver for V1 {
             run.apply(&Limits::default(), limits)?;
             return Ok(Box::new(run));
         };
-        let idle = pool.take();
+        // A slot carries what its earlier runs charged and left (at most
+        // `MAX_CARRIED_BYTES`, see `PooledRun::remove`); a memory limit must
+        // be set well above it, or the kernel may refuse it: else a fresh
+        // slot, and this one is removed.
+        let idle = pool.take().filter(|slot| {
+            limits
+                .memory_bytes
+                .is_none_or(|limit| slot.cgroups.memory_charged().unwrap_or(0) <= limit / 2)
+        });
         let fresh = idle.is_none();
         let slot = match idle {
             Some(slot) => slot,

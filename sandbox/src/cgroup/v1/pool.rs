@@ -12,6 +12,13 @@ use crate::spec::Limits;
 
 /// Idle slots kept at most; more are removed when their runs end.
 pub(in crate::cgroup) const MAX_IDLE_SLOTS: usize = 64;
+/// A slot still charged with more than this when its run ends is removed,
+/// not reused. A run's reads and lookups charge page cache and kernel
+/// objects (dentries, inodes) to its memory cgroup that outlive its
+/// processes, and v1 refuses (`EBUSY`) a memory limit below a charge it
+/// cannot reclaim: a later run's limit would fail in such a slot. Removing
+/// the cgroup hands the charge to its parent.
+pub(in crate::cgroup) const MAX_CARRIED_BYTES: u64 = 4 << 20;
 
 /// Idle run cgroups, and where threads go back to (see the module's doc).
 #[derive(Debug)]
@@ -165,12 +172,16 @@ impl RunCgroup for PooledRun {
             .cgroups
             .procs_dir()
             .is_some_and(|i| slot.cgroups.procs(i).is_empty());
-        let reusable = empty && self.reusable.load(std::sync::atomic::Ordering::Relaxed) && {
-            let idle = slot.idle_limits();
-            let reset = slot.cgroups.apply(&slot.limits, &idle);
-            slot.limits = idle;
-            reset.is_ok()
-        };
+        let carried = slot.cgroups.memory_charged().unwrap_or(0);
+        let reusable = empty
+            && carried <= MAX_CARRIED_BYTES
+            && self.reusable.load(std::sync::atomic::Ordering::Relaxed)
+            && {
+                let idle = slot.idle_limits();
+                let reset = slot.cgroups.apply(&slot.limits, &idle);
+                slot.limits = idle;
+                reset.is_ok()
+            };
         let mut slot = if reusable {
             match self.pool.put(slot) {
                 None => return Ok(()),

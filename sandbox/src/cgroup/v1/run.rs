@@ -128,6 +128,14 @@ impl RunV1 {
             .ok()
     }
 
+    /// What the memory cgroup is charged with now (`None` without one):
+    /// its processes' memory, and page cache and kernel objects (dentries,
+    /// inodes) that its runs' reads and lookups charged to it, which outlive
+    /// those runs' processes.
+    pub(in crate::cgroup) fn memory_charged(&self) -> Option<u64> {
+        self.number(MEMORY, "memory.usage_in_bytes")
+    }
+
     fn number(&self, controller: &str, file: &'static str) -> Option<u64> {
         self.read(controller, file)
             .and_then(|s| s.trim().parse::<u64>().ok())
