@@ -291,10 +291,10 @@ impl CgroupFs for HostFs {
         let mut names = Vec::new();
         for entry in std::fs::read_dir(path)? {
             let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                if let Some(name) = entry.file_name().to_str() {
-                    names.push(name.to_owned());
-                }
+            if entry.file_type()?.is_dir()
+                && let Some(name) = entry.file_name().to_str()
+            {
+                names.push(name.to_owned());
             }
         }
         Ok(names)
