@@ -20,7 +20,7 @@
 //! the output was, so that a path annotation changed in one form only is
 //! taken from the form that changed.
 //!
-//! [`write`] writes the function's output as `kpt fn eval --output` does:
+//! [`write()`] writes the function's output as `kpt fn eval --output` does:
 //! `stdout`, a ResourceList of the resources with their path and index
 //! annotations (kpt's ids removed; a resource without a path gets kpt's
 //! default, `[NAMESPACE/]KIND_NAME.yaml`); `unwrap`, the resources as

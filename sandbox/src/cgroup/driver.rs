@@ -28,7 +28,7 @@ pub struct CgroupConfig {
     /// The parent of every run cgroup, a relative path below `base`.
     pub parent: PathBuf,
     /// cgroup v1: keep the cgroups of finished runs for the next runs (see
-    /// [`v1`]) instead of creating and removing them for each run.
+    /// the `v1` module) instead of creating and removing them for each run.
     pub pool: bool,
 }
 
