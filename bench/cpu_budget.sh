@@ -12,8 +12,8 @@
 #
 #   bench/cpu_budget.sh FNRUN [ROUNDS=2]      N=1500 by default
 #
-# Root, like bench/run.sh; results in docs/benchmarks.md ("What bounds the p50
-# and c=8 targets").
+# Root, like bench/run.sh; results in docs/benchmarks-history.md ("what bounds
+# the p50 and c=8 targets").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 FNRUN=${1:?usage: bench/cpu_budget.sh FNRUN [ROUNDS]}

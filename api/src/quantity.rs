@@ -173,7 +173,7 @@ pub fn format_memory(bytes: u64) -> String {
         }
     }
     for (suffix, unit) in DECIMAL {
-        if bytes % unit == 0 {
+        if bytes.is_multiple_of(unit) {
             return format!("{}{suffix}", bytes / unit);
         }
     }

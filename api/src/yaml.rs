@@ -110,7 +110,7 @@ impl fmt::Display for Path<'_> {
     }
 }
 
-/// Something of a document that JSON cannot carry, found by [`find_not_json`].
+/// Something of a document that JSON cannot carry, found by `find_not_json`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotJson {
     /// Where: the path of the value, or of the mapping whose key it is (see

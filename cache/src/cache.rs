@@ -105,7 +105,7 @@ impl Cache {
     /// Registries are spoken to with rustls, built without a crypto provider of its
     /// own: the program must install the process's default provider first (the `fnrun`
     /// binary installs ring in `main`). Without one this fails with
-    /// [`crate::RegistryError::NoCryptoProvider`].
+    /// [`fnrun_registry::RegistryError::NoCryptoProvider`].
     pub fn open(config: CacheConfig) -> Result<Cache, Error> {
         config.owner.validate()?;
         let owner_tag = config.owner.tag();

@@ -1,7 +1,7 @@
 //! fnrun image cache: references, registry and OCI-layout transports, a verified
 //! content-addressed store, and layer unpacking into overlayfs lower directories.
 //!
-//! [`Cache::get`] turns an [`ImageRef`] (from [`Cache::parse_reference`]) into an
+//! [`Cache::get`] turns an [`ImageRef`](fnrun_registry::ImageRef) (from [`Cache::parse_reference`]) into an
 //! [`Image`]: the unpacked layer directories (bottom to top) and the image config. Its
 //! [`GetOptions`] say when to contact the registry, with which credentials, who watches
 //! the layers arrive ([`PullProgress`], for progress bars) and whether to lease the image

@@ -1,6 +1,11 @@
 //! `fnrun`: a rootless container function runner for Crossplane composition
 //! functions. `main` only sets up logging, dispatches and prints the error.
 
+// The doc comments of the clap-derived arguments are the command's help text,
+// written in usage syntax (`[REGISTRY/]REPO[:TAG]`, `HOST[:PORT]`), which
+// rustdoc would take for links; escaping them would show in `--help`.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 mod cache_cmd;
 mod cli;
 mod config;

@@ -20,7 +20,7 @@
 //! the output was, so that a path annotation changed in one form only is
 //! taken from the form that changed.
 //!
-//! [`write`] writes the function's output as `kpt fn eval --output` does:
+//! [`write()`] writes the function's output as `kpt fn eval --output` does:
 //! `stdout`, a ResourceList of the resources with their path and index
 //! annotations (kpt's ids removed; a resource without a path gets kpt's
 //! default, `[NAMESPACE/]KIND_NAME.yaml`); `unwrap`, the resources as
@@ -362,19 +362,19 @@ fn string(annotations: &Mapping, key: &str) -> Option<String> {
 /// Removes kpt's annotations (and an `annotations` left empty) from `item`;
 /// returns it.
 fn strip(item: &mut Mapping) -> Mapping {
-    if let Some(Value::Mapping(metadata)) = item.get_mut("metadata") {
-        if let Some(Value::Mapping(annotations)) = metadata.get_mut("annotations") {
-            annotations.retain(|key, _| {
-                key.as_str().is_none_or(|k| {
-                    !(k.starts_with(INTERNAL_PREFIX)
-                        || k == LEGACY_PATH
-                        || k == LEGACY_INDEX
-                        || k == LEGACY_ID)
-                })
-            });
-            if annotations.is_empty() {
-                metadata.remove("annotations");
-            }
+    if let Some(Value::Mapping(metadata)) = item.get_mut("metadata")
+        && let Some(Value::Mapping(annotations)) = metadata.get_mut("annotations")
+    {
+        annotations.retain(|key, _| {
+            key.as_str().is_none_or(|k| {
+                !(k.starts_with(INTERNAL_PREFIX)
+                    || k == LEGACY_PATH
+                    || k == LEGACY_INDEX
+                    || k == LEGACY_ID)
+            })
+        });
+        if annotations.is_empty() {
+            metadata.remove("annotations");
         }
     }
     item.clone()

@@ -18,7 +18,7 @@
 //!   The call is answered once its function has exited
 //!   ([`Sandbox::answer_prepared`]); init's exit, which tears the sandbox's
 //!   namespaces and mounts down, its reap and the cgroup's removal follow in
-//!   the background, off the call's path (at most [`MAX_ENDING`] at once;
+//!   the background, off the call's path (at most `MAX_ENDING` at once;
 //!   beyond that a call waits for its own). A call that makes its own
 //!   sandbox (the pool empty) is answered and ended the same way.
 //! - **Refilled after a take**, in the background: a call never waits for the

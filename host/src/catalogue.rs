@@ -169,8 +169,9 @@ impl Catalogue {
         Ok(Catalogue::load_contents(file, flags)?.0)
     }
 
-    /// As [`Catalogue::load`], with the file's contents as read: what a
-    /// watcher compares later, so that a change made while loading is seen.
+    /// The catalogue of `--functions FILE` (if any) and `--function
+    /// NAME=IMAGE`, with the file's contents as read: what a watcher compares
+    /// later, so that a change made while loading is seen.
     pub fn load_contents(
         file: Option<&Path>,
         flags: &[String],

@@ -594,10 +594,10 @@ fn function_main(init: &Init<'_>) -> ! {
     if let Err(e) = sys::prctl(libc::PR_SET_SECUREBITS, SECUREBITS) {
         fail(Stage::SecureBits, e);
     }
-    if plan.can_setgroups {
-        if let Err(e) = sys::setgroups(&plan.groups) {
-            fail(Stage::SetGroups, e);
-        }
+    if plan.can_setgroups
+        && let Err(e) = sys::setgroups(&plan.groups)
+    {
+        fail(Stage::SetGroups, e);
     }
     if let Err(e) = sys::setresgid(plan.gid) {
         fail(Stage::SetGid, e);
@@ -627,10 +627,10 @@ fn function_main(init: &Init<'_>) -> ! {
     // Last, so that nothing above needs to be allowed by the filter: from here
     // on only write, read and execve (and, on failure, exit_group) run,
     // which every profile must allow (see `fnrun_seccomp::NEEDED`).
-    if let Some(program) = init.seccomp {
-        if let Err(e) = sys::seccomp_filter(program) {
-            fail(Stage::Seccomp, e);
-        }
+    if let Some(program) = init.seccomp
+        && let Err(e) = sys::seccomp_filter(program)
+    {
+        fail(Stage::Seccomp, e);
     }
     // Ready: everything that does not depend on the call is done. A prepared
     // sandbox waits here until a call takes it; a parent that drops it

@@ -250,10 +250,10 @@ impl InitGuard {
         if let Some(fd) = &self.pidfd {
             sys::pidfd_kill(fd.as_fd());
         }
-        if let Some(cgroup) = &self.cgroup {
-            if let Err(e) = cgroup.kill() {
-                tracing::warn!(error = %e, "cannot kill the processes of a run cgroup");
-            }
+        if let Some(cgroup) = &self.cgroup
+            && let Err(e) = cgroup.kill()
+        {
+            tracing::warn!(error = %e, "cannot kill the processes of a run cgroup");
         }
     }
 
@@ -286,10 +286,10 @@ impl InitGuard {
     /// Removes the run's cgroup without reading it. Call once init is
     /// reaped.
     pub fn discard_cgroup(&mut self) {
-        if let Some(mut cgroup) = self.cgroup.take() {
-            if let Err(e) = cgroup.remove() {
-                tracing::warn!(error = %e, "cannot remove a run cgroup");
-            }
+        if let Some(mut cgroup) = self.cgroup.take()
+            && let Err(e) = cgroup.remove()
+        {
+            tracing::warn!(error = %e, "cannot remove a run cgroup");
         }
     }
 }

@@ -8,7 +8,7 @@
 //! waits, and nothing else runs meanwhile. Built here, they overlap the
 //! compilation of the test binaries and the tests that are waiting on
 //! processes and sockets rather than on the CPU. The tests still call the same
-//! builders ([`tool_cache::entry`]): an entry that is being built here is
+//! builders ([`tool_cache::entry`](crate::tool_cache::entry)): an entry that is being built here is
 //! waited for under its lock, one that is built is used, one that failed here
 //! is built again there and fails with its own error.
 //!

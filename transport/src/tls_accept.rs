@@ -36,7 +36,7 @@ use tokio_rustls::server::TlsStream;
 
 /// How long a TLS client has to finish its handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Refused handshakes logged per listener and [`LOG_WINDOW`].
+/// Refused handshakes logged per listener and `LOG_WINDOW`.
 pub const LOG_BURST: u32 = 10;
 const LOG_WINDOW: Duration = Duration::from_secs(60);
 

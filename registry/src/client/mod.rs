@@ -425,7 +425,7 @@ impl Registries {
     }
 
     /// The tags of `repo`, in the registry's order (`GET /v2/<name>/tags/list`),
-    /// at most [`MAX_TAGS`], page after page of [`TAGS_PAGE`] (`n` and `last`,
+    /// at most `MAX_TAGS`, page after page of `TAGS_PAGE` (`n` and `last`,
     /// as the distribution spec pages them). Each page's body is bounded as a
     /// manifest's is; names that are not tags are dropped.
     pub async fn tags(

@@ -28,7 +28,7 @@ pub struct CgroupConfig {
     /// The parent of every run cgroup, a relative path below `base`.
     pub parent: PathBuf,
     /// cgroup v1: keep the cgroups of finished runs for the next runs (see
-    /// [`v1`]) instead of creating and removing them for each run.
+    /// the `v1` module) instead of creating and removing them for each run.
     pub pool: bool,
 }
 
@@ -292,10 +292,10 @@ impl CgroupFs for HostFs {
         let mut names = Vec::new();
         for entry in std::fs::read_dir(path)? {
             let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                if let Some(name) = entry.file_name().to_str() {
-                    names.push(name.to_owned());
-                }
+            if entry.file_type()?.is_dir()
+                && let Some(name) = entry.file_name().to_str()
+            {
+                names.push(name.to_owned());
             }
         }
         Ok(names)

@@ -9,7 +9,7 @@
 //! uses, so [`NormalizeAuthority`] sits between the socket and the server and
 //! replaces an `:authority` that is not a URI authority with `localhost`, as
 //! grpc-go and Kubernetes name a unix socket peer. TCP connections are not
-//! touched. See [`rewrite`] for how, and `docs/design.md` for why here.
+//! touched. See `rewrite` for how, and `docs/design.md` for why here.
 
 mod rewrite;
 #[cfg(test)]

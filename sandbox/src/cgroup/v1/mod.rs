@@ -270,15 +270,14 @@ impl CgroupDriver for V1 {
         };
         if !fresh {
             run.start = run.cgroups().counters();
-            if run.cgroups().dir(MEMORY).is_some() {
-                if let Err(e) = run
+            if run.cgroups().dir(MEMORY).is_some()
+                && let Err(e) = run
                     .cgroups()
                     .write(MEMORY, "memory.max_usage_in_bytes", "0")
-                {
-                    // Not reused: dropping `run` removes the slot.
-                    run.spoil();
-                    return Err(e);
-                }
+            {
+                // Not reused: dropping `run` removes the slot.
+                run.spoil();
+                return Err(e);
             }
         }
         Ok(Box::new(run))

@@ -196,10 +196,10 @@ impl Launcher for Spawner {
             let body = protocol::encode_request(&header, request.plan);
             (body.len() <= MAX_REQUEST && fds.len() <= MAX_FDS).then_some((body, fds))
         });
-        if let Some((body, fds)) = taken {
-            if let Some(launched) = self.exchange(&body, &fds)? {
-                return Ok(launched);
-            }
+        if let Some((body, fds)) = taken
+            && let Some(launched) = self.exchange(&body, &fds)?
+        {
+            return Ok(launched);
         }
         self.direct.clone_init(request)
     }

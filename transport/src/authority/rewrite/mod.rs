@@ -242,12 +242,11 @@ impl Rewriter {
         } else if let Some(block) = &mut self.block {
             block.fragment.extend_from_slice(&payload);
         }
-        if flags & flag::END_HEADERS != 0 {
-            if let Some(block) = self.block.take() {
-                if let Err(why) = self.rewrite(&block, out) {
-                    self.refuse(why, block.stream_id, out);
-                }
-            }
+        if flags & flag::END_HEADERS != 0
+            && let Some(block) = self.block.take()
+            && let Err(why) = self.rewrite(&block, out)
+        {
+            self.refuse(why, block.stream_id, out);
         }
         true
     }

@@ -178,10 +178,11 @@ fn pings_back(frames: &mut Vec<u8>) -> Vec<[u8; 8]> {
         let Some(payload) = frames.get(used + 9..used + 9 + len) else {
             break;
         };
-        if head[3] == 0x6 && head[4] & 0x1 != 0 {
-            if let Ok(payload) = payload.try_into() {
-                acks.push(payload);
-            }
+        if head[3] == 0x6
+            && head[4] & 0x1 != 0
+            && let Ok(payload) = payload.try_into()
+        {
+            acks.push(payload);
         }
         used += 9 + len;
     }
