@@ -2,11 +2,14 @@
 //! unpacked files and the pull policy (registry credentials are `fnrun_registry`'s).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use fnrun_registry::DOCKER_HUB;
 
 /// Default unpacked size limit of one image (4 GiB).
 pub(crate) const DEFAULT_MAX_IMAGE_BYTES: u64 = 4 << 30;
+/// Default deadline of one pull from a registry (5 minutes).
+pub const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(300);
 /// Limit on the number of files (tar entries) of one image, across its layers.
 pub(crate) const MAX_IMAGE_FILES: u64 = 1 << 20;
 
@@ -26,10 +29,16 @@ pub struct CacheConfig {
     pub max_image_bytes: u64,
     /// PEM CA certificates trusted for HTTPS registries in addition to the system roots.
     pub ca_bundle: Option<Vec<u8>>,
+    /// How long one pull from a registry may take, from the `get` that starts it (or
+    /// waits for it) to its end: token, manifests, config and layers. Past it the pull
+    /// fails with [`crate::Error::PullTimeout`]. `None`: no deadline (each read still
+    /// has its own timeout).
+    pub pull_timeout: Option<Duration>,
 }
 
 impl CacheConfig {
-    /// Defaults: Docker Hub, no insecure registries, [`LayerOwner::Identity`], 4 GiB.
+    /// Defaults: Docker Hub, no insecure registries, [`LayerOwner::Identity`], 4 GiB,
+    /// pulls of at most [`DEFAULT_PULL_TIMEOUT`].
     pub fn new(root: impl Into<PathBuf>) -> CacheConfig {
         CacheConfig {
             root: root.into(),
@@ -38,6 +47,7 @@ impl CacheConfig {
             owner: LayerOwner::Identity,
             max_image_bytes: DEFAULT_MAX_IMAGE_BYTES,
             ca_bundle: None,
+            pull_timeout: Some(DEFAULT_PULL_TIMEOUT),
         }
     }
 }

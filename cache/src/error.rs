@@ -27,6 +27,14 @@ pub enum Error {
     NotCached { reference: String },
     #[error("image {reference} exceeds the unpacked size limit of {limit} bytes")]
     TooLarge { reference: String, limit: u64 },
+    #[error(
+        "image {reference}: the pull did not finish within the pull timeout of {} (--pull-timeout): the registry is slow or the image is large",
+        seconds(*.timeout)
+    )]
+    PullTimeout {
+        reference: String,
+        timeout: std::time::Duration,
+    },
     #[error("image {reference} exceeds the limit of {limit} files")]
     TooManyFiles { reference: String, limit: u64 },
     #[error(transparent)]
@@ -49,6 +57,8 @@ impl Error {
             Error::Registry(e) => e.kind(),
             Error::Layout(e) => e.kind(),
             Error::NotCached { .. } => ErrorKind::NotCached,
+            // The registry did not deliver in time: as for one that does not answer.
+            Error::PullTimeout { .. } => ErrorKind::Unavailable,
             Error::NotARegistry { .. } => ErrorKind::InvalidReference,
             Error::TooLarge { .. } | Error::TooManyFiles { .. } => ErrorKind::Corrupt,
             Error::Owner(_) | Error::Task(_) => ErrorKind::Internal,
@@ -66,5 +76,16 @@ impl Error {
                 limit,
             },
         }
+    }
+}
+
+/// `300s`, `1.5s`, `200ms`: a duration as messages show it.
+fn seconds(d: std::time::Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d < std::time::Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.3}s", d.as_secs_f64())
     }
 }

@@ -29,7 +29,7 @@ mod store;
 mod unpack;
 
 pub use crate::cache::{Cache, GetOptions, Got};
-pub use crate::config::{CacheConfig, LayerOwner, OwnerError, PullPolicy};
+pub use crate::config::{CacheConfig, DEFAULT_PULL_TIMEOUT, LayerOwner, OwnerError, PullPolicy};
 pub use crate::error::Error;
 pub use crate::image::{Image, ImageDetails, LayerDetails};
 pub use crate::layout::{BadArchive, BadBlob, LayoutError, NotLayout};

@@ -43,6 +43,12 @@ pub struct CacheArgs {
     /// Largest unpacked size of one image.
     #[arg(long, default_value = "4Gi", value_parser = parse_size)]
     pub max_image_bytes: u64,
+    /// How long pulling one image from a registry may take (token,
+    /// manifests, layers; waiting for the same pull started by another call
+    /// counts). Past it the pull fails (UNAVAILABLE, exit 1), naming the
+    /// image; 0: no deadline.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = fnrun_api::duration::parse)]
+    pub pull_timeout: std::time::Duration,
 }
 
 /// Where registry credentials come from.
@@ -268,6 +274,7 @@ pub fn build_runner(
     cache_config.insecure_registries = cache.insecure_registries.clone();
     cache_config.owner = owner;
     cache_config.max_image_bytes = cache.max_image_bytes;
+    cache_config.pull_timeout = (!cache.pull_timeout.is_zero()).then_some(cache.pull_timeout);
     if let Some(path) = &cache.ca_bundle {
         let pem = std::fs::read(path)
             .map_err(|e| anyhow::anyhow!("cannot read --ca-bundle {}: {e}", path.display()))?;

@@ -193,7 +193,7 @@ pub async fn start(
     let (resolver, server_config) = match &tls {
         Some(setup) => {
             let certs = setup.source.cert_set(&names, &namespace)?;
-            let resolver = Arc::new(SniResolver::new(certs));
+            let resolver = Arc::new(SniResolver::new(certs, function_metrics.clone()));
             let config = tls::server_config(resolver.clone(), &setup.client_ca)?;
             let accept = tls_accept(&resolver, config, tls_metrics);
             (Some(resolver), Some(accept))
@@ -264,7 +264,10 @@ pub async fn start_external(
     let addr: ListenAddr = config.listen.parse().context("--functions-listen")?;
     let tls = !config.insecure && matches!(addr, ListenAddr::Tcp(_));
     let (resolver, client_ca, server_config) = if tls {
-        let resolver = Arc::new(SniResolver::new(CertSet::default()));
+        let resolver = Arc::new(SniResolver::new(
+            CertSet::default(),
+            function_metrics.clone(),
+        ));
         let client_ca = Arc::new(ClientCa::default());
         let server_config = tls::server_config_following(resolver.clone(), client_ca.clone())
             .context("the functions listener's TLS")?;
@@ -319,11 +322,10 @@ fn tls_accept(
     config: Arc<rustls::ServerConfig>,
     tls_metrics: Arc<HandshakeMetrics>,
 ) -> TlsAccept {
-    let names = resolver.clone();
     TlsAccept::new(
         ListenerKind::Functions,
         config,
-        Some(Arc::new(move |name| names.refusal(name))),
+        Some(resolver.clone()),
         tls_metrics,
     )
 }

@@ -413,6 +413,44 @@ mod tests {
         assert_eq!(e.class(), Class::DeadlineExceeded);
     }
 
+    /// What Kubernetes mode writes in a revision's `RuntimeHealthy` when its
+    /// trial start fails (the start failure's message, bounded there): an
+    /// image refused for its size or its pull's deadline says so.
+    #[test]
+    fn a_refused_image_says_why_it_could_not_start() {
+        let reference = "registry.test/fns/a:v1";
+        for (error, class, says) in [
+            (
+                fnrun_cache::Error::PullTimeout {
+                    reference: reference.into(),
+                    timeout: Duration::from_secs(300),
+                },
+                Class::Unavailable,
+                "the pull did not finish within the pull timeout of 300s (--pull-timeout)",
+            ),
+            (
+                fnrun_cache::Error::TooLarge {
+                    reference: reference.into(),
+                    limit: 1 << 30,
+                },
+                Class::Internal,
+                "exceeds the unpacked size limit of 1073741824 bytes",
+            ),
+        ] {
+            let e = HostError::StartFailed {
+                function: "fn-a".into(),
+                error: Arc::new(RunError::Image(error)),
+            };
+            let message = e.to_string();
+            assert!(
+                message.starts_with("function fn-a could not start: image registry.test/fns/a:v1"),
+                "{message}"
+            );
+            assert!(message.contains(says), "{message}");
+            assert_eq!(e.class(), class, "{message}");
+        }
+    }
+
     #[test]
     fn a_request_functionio_cannot_carry_is_invalid_argument() {
         use fnrun_api::v1;

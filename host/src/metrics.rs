@@ -33,6 +33,9 @@ pub struct FunctionMetrics {
     pub start_duration: Histogram,
     /// From a call's arrival to its answer.
     pub call_duration: Histogram,
+    /// Certificates minted for server names no function answers to
+    /// ([`crate::tls::SniResolver`]).
+    pub unknown_name_mints: AtomicU64,
 }
 
 impl FunctionMetrics {
@@ -92,6 +95,11 @@ impl FunctionMetrics {
             "# HELP fnrun_function_crashes_total Crossplane function servers that ended unasked or failed to start.\n# TYPE fnrun_function_crashes_total counter\nfnrun_function_crashes_total {}",
             self.crashes.load(Relaxed)
         );
+        let _ = writeln!(
+            out,
+            "# HELP fnrun_tls_unknown_name_certificates_minted_total Server certificates minted for names no Crossplane function answers to.\n# TYPE fnrun_tls_unknown_name_certificates_minted_total counter\nfnrun_tls_unknown_name_certificates_minted_total {}",
+            self.unknown_name_mints.load(Relaxed)
+        );
         self.start_duration.render(
             out,
             "fnrun_function_start_duration_seconds",
@@ -149,6 +157,7 @@ mod tests {
         m.spare_starts.fetch_add(1, Relaxed);
         m.crashes.fetch_add(1, Relaxed);
         m.instances.fetch_add(1, Relaxed);
+        m.unknown_name_mints.fetch_add(1, Relaxed);
         m.start_duration.observe(Duration::from_millis(20));
         let mut out = String::new();
         m.render(&mut out);
@@ -160,6 +169,7 @@ mod tests {
             "fnrun_function_cold_starts_total 1",
             "fnrun_function_spare_starts_total 1",
             "fnrun_function_crashes_total 1",
+            "fnrun_tls_unknown_name_certificates_minted_total 1",
             "fnrun_function_start_duration_seconds_count 1",
             "fnrun_function_call_duration_seconds_count 3",
         ] {

@@ -11,9 +11,21 @@
 //! [`fnrun_transport::tls_accept`], which logs and counts it): fnrun has no
 //! certificate the client would accept for it, so a NOT_FOUND served over
 //! TLS could not be read anyway.
+//!
+//! A mint happens in the client's hello, before its certificate is seen (the
+//! server's certificate comes first), so it is only for a client that has
+//! shown one before: a peer (by IP address) with a handshake that succeeded
+//! in the last hour. Others, and every peer past [`MINT_BURST`] mints at once
+//! and then one a second, get `unrecognized_name`; minted certificates are
+//! kept for [`MINTED_UNKNOWN_MAX`] names (the oldest dropped first) and
+//! counted in `fnrun_tls_unknown_name_certificates_minted_total`.
 
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use rustls::ServerConfig;
 use rustls::pki_types::CertificateDer;
@@ -22,7 +34,8 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
 use super::certs::CertSet;
-use fnrun_transport::tls_accept::{Reason, Refusal};
+use crate::metrics::FunctionMetrics;
+use fnrun_transport::tls_accept::{Reason, Refusal, ServerNames};
 
 /// Why TLS cannot be set up.
 #[derive(Debug, thiserror::Error)]
@@ -41,89 +54,215 @@ pub enum TlsError {
 pub struct SniResolver {
     certs: RwLock<Arc<CertSet>>,
     /// Certificates minted for names no function answers to (see
-    /// [`CertSet::mint_unknown`]), at most [`MINTED_UNKNOWN_MAX`]; emptied
+    /// [`CertSet::mint_unknown`]), and what limits their minting; emptied
     /// when the certificates are replaced.
-    unknown: std::sync::Mutex<std::collections::HashMap<String, Arc<CertifiedKey>>>,
+    unknown: Mutex<Unknown>,
+    /// Peers whose handshake succeeded (so, on this listener, who showed a
+    /// client certificate the CA signed), and when they last did.
+    peers: Mutex<HashMap<IpAddr, Instant>>,
+    metrics: Arc<FunctionMetrics>,
 }
 
-/// Most certificates kept for names no function answers to: a client that
-/// asks for ever new names gets new ones minted, and the oldest are dropped.
+/// Most certificates kept for names no function answers to: the oldest is
+/// dropped for a new one.
 const MINTED_UNKNOWN_MAX: usize = 64;
+/// Mints for names no function answers to at once; then [`MINT_EVERY`] one.
+pub const MINT_BURST: u32 = 8;
+const MINT_EVERY: Duration = Duration::from_secs(1);
+/// How long a peer's successful handshake lets it have certificates minted.
+const PEER_TRUSTED_FOR: Duration = Duration::from_secs(3600);
+/// Most peers remembered.
+const MAX_PEERS: usize = 4096;
+
+/// The certificates minted for unknown names, oldest first, and the mints
+/// left now.
+#[derive(Debug)]
+struct Unknown {
+    keys: HashMap<String, Arc<CertifiedKey>>,
+    order: VecDeque<String>,
+    /// Mints left, refilled one per [`MINT_EVERY`] up to [`MINT_BURST`].
+    left: u32,
+    refilled: Instant,
+}
+
+impl Unknown {
+    fn new() -> Unknown {
+        Unknown {
+            keys: HashMap::new(),
+            order: VecDeque::new(),
+            left: MINT_BURST,
+            refilled: Instant::now(),
+        }
+    }
+
+    /// Takes one mint if any is left.
+    fn take(&mut self, now: Instant) -> bool {
+        let refills = now.duration_since(self.refilled).as_secs() / MINT_EVERY.as_secs();
+        if refills > 0 {
+            let refills = u32::try_from(refills).unwrap_or(u32::MAX);
+            self.left = self.left.saturating_add(refills).min(MINT_BURST);
+            self.refilled = now;
+        }
+        match self.left {
+            0 => false,
+            _ => {
+                self.left -= 1;
+                true
+            }
+        }
+    }
+
+    fn insert(&mut self, name: String, key: Arc<CertifiedKey>) {
+        while self.keys.len() >= MINTED_UNKNOWN_MAX {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            self.keys.remove(&oldest);
+        }
+        self.order.push_back(name.clone());
+        self.keys.insert(name, key);
+    }
+}
 
 impl SniResolver {
-    pub fn new(certs: CertSet) -> SniResolver {
+    /// Mints for unknown names are counted in `metrics`.
+    pub fn new(certs: CertSet, metrics: Arc<FunctionMetrics>) -> SniResolver {
         SniResolver {
             certs: RwLock::new(Arc::new(certs)),
-            unknown: std::sync::Mutex::new(std::collections::HashMap::new()),
+            unknown: Mutex::new(Unknown::new()),
+            peers: Mutex::new(HashMap::new()),
+            metrics,
         }
     }
 
     /// Makes `certs` the ones new handshakes get.
     pub fn replace(&self, certs: CertSet) {
-        *self
-            .certs
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(certs);
-        self.unknown
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
+        *self.certs.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(certs);
+        let mut unknown = self.unknown.lock().unwrap_or_else(PoisonError::into_inner);
+        unknown.keys.clear();
+        unknown.order.clear();
     }
 
-    /// The certificate minted for `name`, no function's (see
-    /// [`CertSet::mint_unknown`]).
-    fn unknown(&self, certs: &CertSet, name: &str) -> Option<Arc<CertifiedKey>> {
-        let mut minted = self
-            .unknown
+    /// The certificate minted for `name`, no function's, if there is one.
+    fn minted(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        self.unknown
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(key) = minted.get(name) {
-            return Some(key.clone());
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys
+            .get(name)
+            .cloned()
+    }
+
+    /// Whether `peer` has had a handshake succeed lately.
+    fn trusted(&self, peer: IpAddr, now: Instant) -> bool {
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&peer)
+            .is_some_and(|at| now.duration_since(*at) < PEER_TRUSTED_FOR)
+    }
+
+    /// Mints a certificate for `name`, which could be a function's but is
+    /// none (see [`CertSet::mint_unknown`]), if one is left to mint now; the
+    /// refusal otherwise.
+    fn mint(&self, certs: &CertSet, name: &str) -> Result<(), String> {
+        let mut unknown = self.unknown.lock().unwrap_or_else(PoisonError::into_inner);
+        if unknown.keys.contains_key(name) {
+            return Ok(());
         }
-        let key = certs.mint_unknown(name)?;
-        if minted.len() >= MINTED_UNKNOWN_MAX {
-            minted.clear();
+        if !unknown.take(Instant::now()) {
+            return Err(format!(
+                "too many certificates minted for names no function answers to (at most {MINT_BURST} at once, then one a second)"
+            ));
         }
-        minted.insert(name.to_owned(), key.clone());
-        Some(key)
+        // Minted under the lock: mints are few, and a name asked for twice at
+        // once is minted once.
+        let key = certs
+            .mint_unknown(name)
+            .ok_or_else(|| "its certificate could not be minted".to_owned())?;
+        self.metrics.unknown_name_mints.fetch_add(1, Relaxed);
+        unknown.insert(name.to_owned(), key);
+        Ok(())
     }
 
     fn current(&self) -> Arc<CertSet> {
         self.certs
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
-}
 
-impl SniResolver {
     /// Whether a client's server name (`None`: it sent none) is served: the
     /// functions listener refuses the others before the handshake goes on
     /// ([`fnrun_transport::tls_accept`]), with the alert `unrecognized_name`.
-    pub fn refusal(&self, name: Option<&str>) -> Option<Refusal> {
+    /// A name that could be a function's but is none gets its certificate
+    /// minted here, if `peer` may have one (see the module's doc).
+    pub fn refusal(&self, name: Option<&str>, peer: SocketAddr) -> Option<Refusal> {
         let certs = self.current();
-        match name {
-            Some(name) => {
-                let name = normalize(name);
-                // A name that could be a function's gets a minted
-                // certificate, and its calls NOT_FOUND (logged there).
-                (certs.get(&name).is_none() && !certs.may_mint(&name)).then(|| {
-                    Refusal::new(
-                        Reason::UnknownServerName,
-                        format!(
-                            "no function answers to the server name {}",
-                            fnrun_api::Quoted::new(&name)
-                        ),
-                    )
-                })
-            }
-            None => certs.without_sni().is_none().then(|| {
+        let Some(name) = name else {
+            return certs.without_sni().is_none().then(|| {
                 Refusal::new(
                     Reason::NoServerName,
                     "the client sent no server name and there is no certificate for that",
                 )
-            }),
+            });
+        };
+        let name = normalize(name);
+        if certs.get(&name).is_some() {
+            return None;
         }
+        let unknown = |why: Option<String>| {
+            let quoted = fnrun_api::Quoted::new(&name);
+            let detail = match why {
+                None => format!("no function answers to the server name {quoted}"),
+                Some(why) => format!(
+                    "no function answers to the server name {quoted}, and no certificate is minted for it: {why}"
+                ),
+            };
+            Some(Refusal::new(Reason::UnknownServerName, detail))
+        };
+        // A name that could be a function's gets a minted certificate, and
+        // its calls NOT_FOUND (logged there).
+        if !certs.may_mint(&name) {
+            return unknown(None);
+        }
+        if self.minted(&name).is_some() {
+            return None;
+        }
+        if !self.trusted(peer.ip(), Instant::now()) {
+            return unknown(Some(
+                "the client has not shown a client certificate in an earlier handshake".into(),
+            ));
+        }
+        match self.mint(&certs, &name) {
+            Ok(()) => None,
+            Err(why) => unknown(Some(why)),
+        }
+    }
+
+    /// Remembers that `peer`'s handshake succeeded.
+    pub fn accepted(&self, peer: SocketAddr) {
+        let now = Instant::now();
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if peers.len() >= MAX_PEERS && !peers.contains_key(&peer.ip()) {
+            peers.retain(|_, at| now.duration_since(*at) < PEER_TRUSTED_FOR);
+            if peers.len() >= MAX_PEERS
+                && let Some(oldest) = peers.iter().min_by_key(|(_, at)| **at).map(|(ip, _)| *ip)
+            {
+                peers.remove(&oldest);
+            }
+        }
+        peers.insert(peer.ip(), now);
+    }
+}
+
+impl ServerNames for SniResolver {
+    fn refusal(&self, name: Option<&str>, peer: SocketAddr) -> Option<Refusal> {
+        SniResolver::refusal(self, name, peer)
+    }
+
+    fn accepted(&self, peer: SocketAddr) {
+        SniResolver::accepted(self, peer);
     }
 }
 
@@ -138,16 +277,14 @@ fn normalize(name: &str) -> String {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        // Names were checked before ([`SniResolver::refusal`]); one that a
-        // reload removed since gets no certificate (rustls: access_denied).
+        // Names were checked, and unknown ones minted for, before
+        // ([`SniResolver::refusal`]); one that a reload removed since gets no
+        // certificate (rustls: access_denied). Nothing is minted here.
         let certs = self.current();
         match hello.server_name() {
             Some(name) => {
                 let name = normalize(name);
-                certs
-                    .get(&name)
-                    .cloned()
-                    .or_else(|| self.unknown(&certs, &name))
+                certs.get(&name).cloned().or_else(|| self.minted(&name))
             }
             None => certs.without_sni().cloned(),
         }
@@ -317,6 +454,30 @@ pub fn server_config_following(
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod mint_limit_tests {
+    use super::*;
+
+    #[test]
+    fn mints_for_unknown_names_are_a_burst_then_one_a_second() {
+        let mut unknown = Unknown::new();
+        let t0 = unknown.refilled;
+        for _ in 0..MINT_BURST {
+            assert!(unknown.take(t0));
+        }
+        assert!(!unknown.take(t0));
+        assert!(!unknown.take(t0 + Duration::from_millis(999)));
+        assert!(unknown.take(t0 + Duration::from_secs(1)));
+        assert!(!unknown.take(t0 + Duration::from_secs(1)));
+        // A long pause refills no more than the burst.
+        let later = t0 + Duration::from_secs(3600);
+        for _ in 0..MINT_BURST {
+            assert!(unknown.take(later));
+        }
+        assert!(!unknown.take(later));
+    }
 }
 
 #[cfg(test)]

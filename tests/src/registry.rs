@@ -223,3 +223,79 @@ fn wait_ready(child: &mut Child, addr: &str, log: &Path) -> Result<()> {
         }
     }
 }
+
+/// A loopback TCP proxy to a registry that passes requests on as they come and
+/// answers at most `chunk` bytes every `pause`: a slow registry. It stops (and
+/// drops its connections) when dropped.
+pub struct TrickleProxy {
+    addr: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl TrickleProxy {
+    /// A proxy to `upstream` (`HOST:PORT`) on a free port of 127.0.0.1.
+    pub fn start(upstream: &str, chunk: usize, pause: Duration) -> Result<TrickleProxy> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").context("cannot bind 127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?.to_string();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (upstream, stopped) = (upstream.to_owned(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                let conn = match listener.accept() {
+                    Ok((conn, _)) => conn,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                };
+                let (upstream, stopped) = (upstream.clone(), stopped.clone());
+                std::thread::spawn(move || {
+                    let _ = trickle(conn, &upstream, chunk, pause, &stopped);
+                });
+            }
+        });
+        Ok(TrickleProxy { addr, stop })
+    }
+
+    /// `HOST:PORT` to use as the registry.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+}
+
+impl Drop for TrickleProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// One connection of a [`TrickleProxy`].
+fn trickle(
+    mut conn: TcpStream,
+    upstream: &str,
+    chunk: usize,
+    pause: Duration,
+    stop: &std::sync::atomic::AtomicBool,
+) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    let mut up = TcpStream::connect(upstream)?;
+    let (mut conn_in, mut up_out) = (conn.try_clone()?, up.try_clone()?);
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut conn_in, &mut up_out);
+        let _ = up_out.shutdown(std::net::Shutdown::Write);
+    });
+    let mut buf = vec![0u8; chunk];
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let n = up.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        conn.write_all(&buf[..n])?;
+        std::thread::sleep(pause);
+    }
+    let _ = conn.shutdown(std::net::Shutdown::Both);
+    let _ = up.shutdown(std::net::Shutdown::Both);
+    Ok(())
+}

@@ -225,3 +225,117 @@ async fn a_tls_listen_address_says_why_it_refuses_a_handshake() {
         assert_eq!(refused(&metrics, "runner", reason), 1, "{reason}");
     }
 }
+
+/// `fnrun_tls_unknown_name_certificates_minted_total`.
+fn minted(metrics: &str) -> u64 {
+    let (status, body) = http_get(metrics, "/metrics").expect("metrics answer");
+    assert_eq!(status, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix("fnrun_tls_unknown_name_certificates_minted_total "))
+        .unwrap_or_else(|| panic!("the mint counter is missing in\n{body}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_no_function_answers_to_mint_nothing_before_a_client_certificate() {
+    let metrics = format!("127.0.0.1:{}", free_port().unwrap());
+    let host = FunctionHost::start(
+        HostOpts::insecure(vec![Entry::new("fn-a", "127.0.0.1:1/fns/a:v1")])
+            .tls(HostTls::Mint)
+            .arg("--metrics-listen")
+            .arg(&metrics),
+    )
+    .expect("the host starts");
+    let ca = host.certs().ca_cert();
+    let client = host.client_cert();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let random = |i: usize| format!("r{stamp:x}-{i}.{NAMESPACE}");
+
+    // Names that could be functions', from a peer that has shown no client
+    // certificate yet, with none or with Crossplane's: refused before any
+    // mint, each refusal naming the server name asked for. (8 of them: the
+    // log takes 10 refusals a minute, and two more are looked for below.)
+    for i in 0..8 {
+        let cert = (i % 2 == 1).then_some(&client);
+        assert_eq!(
+            alert_from(host.addr(), &ca, cert, &random(i)).await,
+            Some(AlertDescription::UnrecognisedName),
+            "{}",
+            random(i)
+        );
+    }
+    assert_eq!(minted(&metrics), 0);
+    assert_eq!(refused(&metrics, "functions", "unknown_server_name"), 8);
+    let log = host
+        .wait_log("TLS handshake refused", 8, Duration::from_secs(10))
+        .unwrap();
+    for i in 0..8 {
+        let line = log
+            .lines()
+            .find(|l| l.contains(&format!("server_name=\"{}\"", random(i))))
+            .unwrap_or_else(|| panic!("no refusal names {}:\n{log}", random(i)));
+        assert!(line.contains("TLS handshake refused"), "{line}");
+        assert!(
+            line.contains("has not shown a client certificate"),
+            "{line}"
+        );
+    }
+
+    // The known name still works, and so the peer has shown its certificate.
+    let known = format!("fn-a.{NAMESPACE}");
+    assert_eq!(
+        alert_from(host.addr(), &ca, Some(&client), &known).await,
+        None
+    );
+    // A refusal after the hello names the server name too.
+    assert_eq!(
+        alert_from(host.addr(), &ca, None, &known).await,
+        Some(AlertDescription::CertificateRequired)
+    );
+    host.wait_log(
+        &format!("server_name=\"{known}\""),
+        1,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(minted(&metrics), 0);
+
+    // Now an unknown name gets its certificate minted (its calls are
+    // NOT_FOUND), once: asked again, it is the same one.
+    let started = std::time::Instant::now();
+    assert_eq!(
+        alert_from(host.addr(), &ca, Some(&client), &random(100)).await,
+        None
+    );
+    assert_eq!(
+        alert_from(host.addr(), &ca, Some(&client), &random(100)).await,
+        None
+    );
+    assert_eq!(minted(&metrics), 1);
+    // Many new names: a few at once, then one a second; the rest refused.
+    let mut served = 0;
+    for i in 101..141 {
+        if alert_from(host.addr(), &ca, Some(&client), &random(i))
+            .await
+            .is_none()
+        {
+            served += 1;
+        }
+    }
+    let most = 8 + started.elapsed().as_secs() + 1;
+    let mints = minted(&metrics);
+    assert!(mints <= most, "{mints} mints, at most {most}");
+    assert_eq!(mints, served + 1);
+    assert!(served < 40, "every new name got a certificate");
+    let log = host.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("TLS handshake refused")
+                && l.contains("too many certificates minted")),
+        "{log}"
+    );
+}

@@ -2,7 +2,8 @@
 //! `--tls-cert`, and the functions listener): each in a task of its own,
 //! bounded by [`HANDSHAKE_TIMEOUT`], so that a slow client holds up no other.
 //!
-//! A refused handshake is logged with the peer and the reason (at most
+//! A refused handshake is logged with the peer, the reason and the server name
+//! the client asked for, if it got that far (quoted; at most
 //! [`LOG_BURST`] lines a minute per listener, then one line that says how
 //! many were left out), counted in
 //! `fnrun_tls_handshakes_refused_total{listener,reason}`, and answered so that
@@ -152,8 +153,20 @@ impl HandshakeMetrics {
     }
 }
 
-/// Decides, from the client's hello, whether a server name is served.
-pub type NameCheck = Arc<dyn Fn(Option<&str>) -> Option<Refusal> + Send + Sync>;
+/// Decides, from the client's hello and its address, whether a server name is
+/// served, and is told of each handshake that succeeded.
+pub trait ServerNames: Send + Sync {
+    /// Why the handshake of `peer` for server name `name` (`None`: it sent
+    /// none) is refused; `None`: it goes on.
+    fn refusal(&self, name: Option<&str>, peer: SocketAddr) -> Option<Refusal>;
+
+    /// `peer`'s handshake succeeded: on a listener that requires client
+    /// certificates, it has shown one the client CA signed.
+    fn accepted(&self, _peer: SocketAddr) {}
+}
+
+/// The [`ServerNames`] of a listener.
+pub type NameCheck = Arc<dyn ServerNames>;
 
 /// A TLS listener's handshake settings.
 #[derive(Clone)]
@@ -209,19 +222,28 @@ impl TlsAccept {
             let this = self.clone();
             let (tx, wrap) = (tx.clone(), wrap.clone());
             tokio::spawn(async move {
-                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, this.handshake(stream));
+                // The server name the client asked for, once its hello is read.
+                let mut name = None;
+                let handshake = tokio::time::timeout(
+                    HANDSHAKE_TIMEOUT,
+                    this.handshake(stream, remote, &mut name),
+                );
                 match handshake.await {
                     Ok(Ok(Some(tls))) => {
+                        if let Some(names) = &this.names {
+                            names.accepted(remote);
+                        }
                         let _ = tx.send(Ok(wrap(tls))).await;
                     }
                     Ok(Ok(None)) => {}
-                    Ok(Err(refusal)) => this.refused(remote, &refusal),
+                    Ok(Err(refusal)) => this.refused(remote, &refusal, name.as_deref()),
                     Err(_) => this.refused(
                         remote,
                         &Refusal::new(
                             Reason::Timeout,
                             format!("the handshake did not finish within {HANDSHAKE_TIMEOUT:?}"),
                         ),
+                        name.as_deref(),
                     ),
                 }
             });
@@ -229,7 +251,14 @@ impl TlsAccept {
     }
 
     /// One handshake; `None` for a connection closed before its first byte.
-    async fn handshake(&self, stream: TcpStream) -> Result<Option<TlsStream<TcpStream>>, Refusal> {
+    /// `name` is set to the server name the client asks for, if any, once its
+    /// hello is read.
+    async fn handshake(
+        &self,
+        stream: TcpStream,
+        remote: SocketAddr,
+        name: &mut Option<String>,
+    ) -> Result<Option<TlsStream<TcpStream>>, Refusal> {
         let mut first = [0u8; H2_PREFACE.len()];
         let seen = stream
             .peek(&mut first)
@@ -246,10 +275,11 @@ impl TlsAccept {
             stream
         ));
         let mut start = acceptor.as_mut().await.map_err(|e| classify(&e))?;
+        *name = start.client_hello().server_name().map(str::to_owned);
         if let Some(refusal) = self
             .names
             .as_ref()
-            .and_then(|check| check(start.client_hello().server_name()))
+            .and_then(|names| names.refusal(start.client_hello().server_name(), remote))
         {
             let description = match refusal.reason {
                 Reason::UnknownServerName => alert::UNRECOGNIZED_NAME,
@@ -266,7 +296,7 @@ impl TlsAccept {
             .map_err(|e| classify(&e))
     }
 
-    fn refused(&self, remote: SocketAddr, refusal: &Refusal) {
+    fn refused(&self, remote: SocketAddr, refusal: &Refusal, name: Option<&str>) {
         self.metrics.refused(self.kind, refusal.reason);
         match self.log.admit(Instant::now()) {
             Admit::No => {}
@@ -278,13 +308,23 @@ impl TlsAccept {
                         "refused TLS handshakes not logged in the last minute (see fnrun_tls_handshakes_refused_total)"
                     );
                 }
-                tracing::warn!(
-                    listener = self.kind.label(),
-                    peer = %remote,
-                    reason = refusal.reason.label(),
-                    "TLS handshake refused: {}",
-                    refusal.detail
-                );
+                match name {
+                    Some(name) => tracing::warn!(
+                        listener = self.kind.label(),
+                        peer = %remote,
+                        reason = refusal.reason.label(),
+                        server_name = %fnrun_api::Quoted::new(name),
+                        "TLS handshake refused: {}",
+                        refusal.detail
+                    ),
+                    None => tracing::warn!(
+                        listener = self.kind.label(),
+                        peer = %remote,
+                        reason = refusal.reason.label(),
+                        "TLS handshake refused: {}",
+                        refusal.detail
+                    ),
+                }
             }
         }
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use super::local::Inspected;
-use super::{Puller, Resolved, Source, Stop, blocking};
+use super::{Deadline, Puller, Resolved, Source, Stop, blocking, within};
 use crate::error::Error;
 use crate::image::Image;
 use crate::layout;
@@ -22,11 +22,15 @@ const CONCURRENT_DOWNLOADS: usize = 4;
 impl Puller {
     /// Makes sure the config and every layer of `resolved` are available, unpacking
     /// missing layers, and returns the image. Layers are reported to `progress`.
+    ///
+    /// Past `deadline` the downloads stop and it fails with [`Error::PullTimeout`]
+    /// once a layer being unpacked (if any) is done, as when a layer fails.
     pub(super) async fn materialize(
         self: &Arc<Self>,
         resolved: Resolved,
         source: Source,
         progress: &Arc<dyn PullProgress>,
+        deadline: Option<&Deadline>,
     ) -> Result<Image, Error> {
         let Resolved {
             reference,
@@ -37,8 +41,11 @@ impl Puller {
 
         // The config, then what of the image is here already.
         let cfg = manifest.config.clone();
-        self.ensure_blob(&cfg, "config", &source, &reference, &|_| {}, None)
-            .await?;
+        within(
+            deadline,
+            self.ensure_blob(&cfg, "config", &source, &reference, &|_| {}, None),
+        )
+        .await?;
         let Inspected {
             parsed,
             budget,
@@ -116,7 +123,26 @@ impl Puller {
         }
         let mut results = futures::stream::iter(layers).buffer_unordered(CONCURRENT_DOWNLOADS);
         let mut failed = None;
-        while let Some(result) = results.next().await {
+        let expired = async {
+            match deadline {
+                Some(deadline) => deadline.expired().await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut expired = std::pin::pin!(expired);
+        loop {
+            let result = tokio::select! {
+                result = results.next() => match result {
+                    Some(result) => result,
+                    None => break,
+                },
+                // The deadline stops the downloads as a failed layer does.
+                () = &mut expired, if failed.is_none() => {
+                    stop_tx.send_replace(true);
+                    failed = deadline.map(Deadline::error);
+                    continue;
+                }
+            };
             if let Err(e) = result
                 && failed.is_none()
             {

@@ -8,6 +8,12 @@
 //! its use; [`materialize`] fetches the config and layers and unpacks them;
 //! [`local`] finds what is here already, without network and without writing (the warm
 //! path of a run).
+//!
+//! A pull from a registry has a deadline ([`CacheConfig::pull_timeout`]), counted from
+//! the `get` that starts it or waits for it: past it the token, manifest and config
+//! requests are dropped, the layer downloads stop (their partial files removed) and
+//! the pull fails with [`Error::PullTimeout`] once a layer being unpacked, if any, is
+//! done.
 
 mod local;
 mod materialize;
@@ -102,7 +108,7 @@ impl Puller {
                             digest,
                             manifest,
                         };
-                        self.materialize(resolved, Source::Layout(layout), progress)
+                        self.materialize(resolved, Source::Layout(layout), progress, None)
                             .await
                     }
                     Err(e) => Err(e),
@@ -191,9 +197,20 @@ impl Puller {
             }
         }
 
+        // The pull's deadline counts from here: waiting for another's pull of the
+        // same reference is part of it.
+        let deadline = self
+            .config
+            .pull_timeout
+            .and_then(|timeout| Deadline::after(timeout, &reference));
+        let deadline = deadline.as_ref();
+
         // Single flight: one pull of a reference at a time; a `get` that waited for
         // another's pull uses its result (blobs are single-flighted in `ensure_blob`).
-        let _pull = self.locks.lock(format!("pull/{reference}")).await;
+        let _pull = within(deadline, async {
+            Ok(self.locks.lock(format!("pull/{reference}")).await)
+        })
+        .await?;
         if policy == PullPolicy::IfNotPresent
             && let Some(image) = self.get_local(&reference, pinned.as_ref(), policy).await
         {
@@ -201,18 +218,23 @@ impl Puller {
         }
 
         tracing::info!(reference = %reference, "pulling image");
-        let creds = &self.registries.exchange(&repo, creds).await?;
-        let (top, resolved) = self
-            .resolve_remote(&repo, tag, pinned.as_ref(), creds)
-            .await?;
+        let (creds, (top, resolved)) = within(deadline, async {
+            let creds = self.registries.exchange(&repo, creds).await?;
+            let resolved = self
+                .resolve_remote(&repo, tag, pinned.as_ref(), &creds)
+                .await?;
+            Ok((creds, resolved))
+        })
+        .await?;
         let image = self
             .materialize(
                 resolved,
                 Source::Registry {
                     repo: repo.clone(),
-                    creds: creds.clone(),
+                    creds,
                 },
                 progress,
+                deadline,
             )
             .await?;
         let inner = self.clone();
@@ -240,7 +262,10 @@ impl Puller {
         };
         // Nothing is pulled here; an incomplete image is pulled (and reported) afterwards.
         let quiet: Arc<dyn PullProgress> = Arc::new(NoProgress);
-        match self.materialize(resolved, Source::Local, &quiet).await {
+        match self
+            .materialize(resolved, Source::Local, &quiet, None)
+            .await
+        {
             Err(Error::NotCached { .. }) if policy == PullPolicy::IfNotPresent => {
                 tracing::info!(reference = %reference, "cached image is incomplete; pulling");
                 None
@@ -345,6 +370,50 @@ impl Puller {
     ) -> Result<(), Error> {
         let inner = self.clone();
         blocking(move || Ok(inner.store.write_blob(&digest, what, &bytes)?)).await
+    }
+}
+
+/// When a pull from a registry must be over ([`CacheConfig::pull_timeout`]).
+struct Deadline {
+    at: tokio::time::Instant,
+    timeout: Duration,
+    reference: String,
+}
+
+impl Deadline {
+    /// `timeout` from now; `None` if that is past the clock's range.
+    fn after(timeout: Duration, reference: &str) -> Option<Deadline> {
+        Some(Deadline {
+            at: tokio::time::Instant::now().checked_add(timeout)?,
+            timeout,
+            reference: reference.to_owned(),
+        })
+    }
+
+    /// Resolves at the deadline.
+    async fn expired(&self) {
+        tokio::time::sleep_until(self.at).await;
+    }
+
+    fn error(&self) -> Error {
+        Error::PullTimeout {
+            reference: self.reference.clone(),
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// `work`, or [`Error::PullTimeout`] if `deadline` comes first (`work` is then
+/// dropped: what it fetched partly is removed, see `Registries::blob`).
+async fn within<T>(
+    deadline: Option<&Deadline>,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline.at, work)
+            .await
+            .unwrap_or_else(|_| Err(deadline.error())),
+        None => work.await,
     }
 }
 

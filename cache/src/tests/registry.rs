@@ -926,3 +926,166 @@ async fn tags_are_listed_page_by_page_and_bounded() {
     assert_eq!(err.kind(), ErrorKind::InvalidReference, "{err}");
     assert!(err.to_string().contains("not a registry image"), "{err}");
 }
+
+/// A proxy to `upstream` that forwards requests as they come and answers at most
+/// `chunk` bytes every `pause`: a slow registry.
+async fn trickling_proxy(upstream: String, chunk: usize, pause: Duration) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let Ok(up) = TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let (mut conn_read, mut conn_write) = conn.into_split();
+                let (mut up_read, mut up_write) = up.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut conn_read, &mut up_write).await;
+                    let _ = up_write.shutdown().await;
+                });
+                let mut buf = vec![0u8; chunk];
+                loop {
+                    let n = match up_read.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if conn_write.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                let _ = conn_write.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// An image of [`base_layer`] and a layer of `len` bytes that do not compress.
+fn image_with_noise(layout: &Path, len: usize) -> TestImage {
+    let big = noise(len);
+    let noisy = TarBuilder::new()
+        .add(Member::File(b"noise", &big, 0o644))
+        .tar();
+    write_layout(layout, &[base_layer(), noisy], "v1", false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_from_a_slow_registry_ends_at_its_deadline() {
+    let Some(reg) = start_registry(None) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    // 8 MiB at 16 KiB per 100 ms: nearly a minute to download.
+    let t = image_with_noise(&layout, 8 << 20);
+    push(&layout, "v1", &format!("{}/slow/fn:v1", reg.addr), None);
+    let proxy = trickling_proxy(reg.addr.clone(), 16 << 10, Duration::from_millis(100)).await;
+
+    let mut config = CacheConfig::new(tmp.path().join("cache"));
+    let timeout = Duration::from_secs(3);
+    config.pull_timeout = Some(timeout);
+    let cache = Arc::new(open_cache(config).unwrap());
+    let reference = format!("{proxy}/slow/fn:v1");
+    let r = cache.parse_reference(&reference).unwrap();
+    let started = Instant::now();
+    // A second `get` of the same reference waits for the first's pull, within
+    // its own deadline.
+    let waiter = {
+        let (cache, r) = (cache.clone(), r.clone());
+        tokio::spawn(async move {
+            cache
+                .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
+                .await
+        })
+    };
+    let err = cache
+        .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    eprintln!("after {took:?}: {err}");
+    assert!(matches!(err, Error::PullTimeout { .. }), "{err}");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&reference)
+            && message.contains("3s")
+            && message.contains("--pull-timeout"),
+        "{message}"
+    );
+    // Not before the deadline, and well before the download could have ended.
+    assert!(took >= timeout, "{took:?}");
+    assert!(took < Duration::from_secs(40), "{took:?}");
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(matches!(err, Error::PullTimeout { .. }), "{err}");
+
+    // Nothing of the big layer is left: no partial download, no blob, no reference.
+    let session = cache.inner.store.tmp_path("x").parent().unwrap().to_owned();
+    assert!(entries(&session).is_empty(), "{:?}", entries(&session));
+    let blobs = entries(&cache.root().join("blobs/sha256"));
+    assert!(
+        !blobs.contains(&t.layer_blobs[1].hex().to_owned()),
+        "{blobs:?}"
+    );
+    assert!(entries(&cache.root().join("refs")).is_empty());
+
+    // From the registry itself, the same cache directory pulls it (without a
+    // deadline: a loaded machine may need more than 3 s for 8 MiB).
+    let whole = cache_at(&tmp.path().join("cache"));
+    let direct = whole
+        .parse_reference(&format!("{}/slow/fn:v1", reg.addr))
+        .unwrap();
+    let got = whole
+        .get(&direct, GetOptions::new(PullPolicy::IfNotPresent))
+        .await
+        .unwrap();
+    assert!(got.image.pulled);
+    assert_eq!(got.image.layers.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_over_the_size_limit_is_refused_before_its_layers_are_downloaded() {
+    let Some(reg) = start_registry(None) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = tmp.path().join("layout");
+    let t = image_with_noise(&layout, 4 << 20);
+    push(&layout, "v1", &format!("{}/big/fn:v1", reg.addr), None);
+    let (proxy, counts) = counting_proxy(reg.addr.clone()).await;
+
+    let mut config = CacheConfig::new(tmp.path().join("cache"));
+    config.max_image_bytes = 1 << 20;
+    let cache = open_cache(config).unwrap();
+    let r = cache
+        .parse_reference(&format!("{proxy}/big/fn:v1"))
+        .unwrap();
+    let err = cache
+        .get(&r, GetOptions::new(PullPolicy::IfNotPresent))
+        .await
+        .unwrap_err();
+    eprintln!("{err}");
+    assert!(
+        matches!(err, Error::TooLarge { limit, .. } if limit == 1 << 20),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("exceeds the unpacked size limit of 1048576 bytes"),
+        "{err}"
+    );
+    // The manifest and config were read; no layer was asked for.
+    let counts = counts.lock().unwrap().clone();
+    for d in &t.layer_blobs {
+        let path = format!("/v2/big/fn/blobs/{d}");
+        assert_eq!(counts.get(&path), None, "{path}: {counts:?}");
+    }
+    assert!(
+        counts.keys().any(|p| p.contains("/manifests/")),
+        "{counts:?}"
+    );
+    assert!(entries(&cache.root().join("refs")).is_empty());
+}
