@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -108,6 +108,8 @@ struct Ctx {
     poke: mpsc::UnboundedSender<()>,
     state: Mutex<State>,
     errors: std::sync::Mutex<HashMap<String, u32>>,
+    /// Why a Function's Service is not written, as last reported.
+    service_problems: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// Runs Kubernetes mode until `shutdown`: the host of `serving` serves every
@@ -212,6 +214,7 @@ pub async fn run(
         leader,
         poke,
         errors: std::sync::Mutex::new(HashMap::new()),
+        service_problems: std::sync::Mutex::new(HashMap::new()),
     });
     let sweeper = tokio::spawn(sweep_loop(ctx.clone()));
     controller
@@ -445,9 +448,20 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
             .map(Health::Unhealthy)
             .or_else(|| state.trials.get(&name).map(|t| t.health.clone()))
     };
-    if *ctx.leader.borrow() {
-        ctx.write(&function, &revisions, health.as_ref()).await?;
-    }
+    let health = if *ctx.leader.borrow() {
+        let blocked = ctx.write_service(&function).await?;
+        let health = match blocked {
+            // Without a Service of fnrun's the active revision has no
+            // endpoint; with no active revision there is nothing to say.
+            Some(why) => health.map(|_| Health::NoService(why)),
+            None => health,
+        };
+        ctx.write_status(&function, &revisions, health.as_ref())
+            .await?;
+        health
+    } else {
+        health
+    };
     ctx.errors
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -455,6 +469,7 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
     Ok(match health {
         Some(Health::Starting) => Action::requeue(Duration::from_secs(15)),
         Some(Health::Unhealthy(_)) => Action::requeue(Duration::from_secs(10)),
+        Some(Health::NoService(_)) => Action::requeue(Duration::from_secs(30)),
         _ => Action::requeue(Duration::from_secs(600)),
     })
 }
@@ -520,7 +535,18 @@ impl Ctx {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
         let mut pull_secrets = Vec::new();
         for secret_name in secret_names {
-            let Some(secret) = secrets.get_opt(&secret_name).await? else {
+            let secret = match secrets.get_opt(&secret_name).await {
+                Ok(secret) => secret,
+                Err(kube::Error::Api(e)) if e.code == 403 => {
+                    return Ok(Err(format!(
+                        "fnrun may not read the pull secret {ns}/{secret_name} (grant it in the Role \
+                         fnrun-functions-pull-secrets, docs/security.md): {}",
+                        e.message
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Some(secret) = secret else {
                 return Ok(Err(format!(
                     "the pull secret {ns}/{secret_name} does not exist"
                 )));
@@ -791,37 +817,119 @@ impl Ctx {
 }
 
 impl Ctx {
-    /// The leader's writes for `function`: its Service, and the runtime's
-    /// status of each of its revisions (the active one with `health`).
-    async fn write(
+    /// The leader's write of `function`'s Service ([`status::service`]):
+    /// created if there is none, made as it should be if fnrun made it
+    /// ([`status::made_by_fnrun`]). A Service of that name that fnrun did not
+    /// make is never written (nor deleted, see [`Ctx::sweep`]): the answer
+    /// is why, for the revision's `RuntimeHealthy` (and an Event and a log
+    /// line when it is first seen).
+    async fn write_service(&self, function: &Function) -> Result<Option<String>, Error> {
+        let name = function.name_any();
+        let ns = &self.config.namespace;
+        let uid = function.uid().unwrap_or_default();
+        let mut service = status::service(&name, &uid, &self.config);
+        let why = match status::check_service(&service) {
+            Err(why) => Some(why),
+            Ok(()) => {
+                let api = Api::<Service>::namespaced(self.client.clone(), ns);
+                // The store holds the Services with fnrun's label; one
+                // without it is asked for.
+                let existing = match self.services.get(&ObjectRef::new(&name).within(ns)) {
+                    Some(svc) => Some(svc),
+                    None => api.get_opt(&name).await?.map(Arc::new),
+                };
+                match existing {
+                    // Created, never applied over: a Service of that name
+                    // made meanwhile by someone else makes it fail
+                    // (AlreadyExists) and is looked at on the retry.
+                    None => {
+                        let svc: Service =
+                            serde_json::from_value(service).expect("status::service is a Service");
+                        let params = PostParams {
+                            field_manager: Some(FIELD_MANAGER.into()),
+                            ..PostParams::default()
+                        };
+                        api.create(&params, &svc).await?;
+                        tracing::info!(
+                            function = name,
+                            service = format!("{ns}/{name}"),
+                            "Service created"
+                        );
+                        None
+                    }
+                    Some(svc) if !status::made_by_fnrun(&svc, &name) => {
+                        Some(status::service_conflict(ns, &name))
+                    }
+                    Some(svc) => {
+                        let current = svc.owner_references().iter().any(|o| o.uid == uid)
+                            && serde_json::to_value(&svc.spec).is_ok_and(|spec| {
+                                spec["selector"] == service["spec"]["selector"]
+                                    && spec["ports"][0]["port"]
+                                        == service["spec"]["ports"][0]["port"]
+                            });
+                        if !current {
+                            // The uid is a precondition: a Service deleted
+                            // and made again by someone else since it was
+                            // read is not applied over.
+                            service["metadata"]["uid"] = svc.uid().unwrap_or_default().into();
+                            let params = PatchParams::apply(FIELD_MANAGER).force();
+                            api.patch(&name, &params, &Patch::Apply(&service)).await?;
+                            tracing::info!(
+                                function = name,
+                                service = format!("{ns}/{name}"),
+                                "Service applied"
+                            );
+                        }
+                        None
+                    }
+                }
+            }
+        };
+        let first = {
+            let mut reported = self
+                .service_problems
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &why {
+                Some(why) => reported.insert(name.clone(), why.clone()).as_ref() != Some(why),
+                None => {
+                    reported.remove(&name);
+                    false
+                }
+            }
+        };
+        if let (true, Some(why)) = (first, &why) {
+            tracing::warn!(
+                function = name,
+                service = format!("{ns}/{name}"),
+                error = why,
+                "the Function's Service is not written"
+            );
+            self.publish_on_active(
+                &name,
+                Event {
+                    type_: EventType::Warning,
+                    reason: "ServiceConflict".into(),
+                    note: Some(fnrun_api::text::bounded(why, 1000).into_owned()),
+                    action: "WriteService".into(),
+                    secondary: None,
+                },
+            )
+            .await;
+        }
+        Ok(why)
+    }
+
+    /// The leader's write of the runtime's status of each of `function`'s
+    /// revisions (the active one with `health`).
+    async fn write_status(
         &self,
         function: &Function,
         revisions: &[Arc<FunctionRevision>],
         health: Option<&Health>,
     ) -> Result<(), Error> {
         let name = function.name_any();
-        let ns = &self.config.namespace;
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let uid = function.uid().unwrap_or_default();
-        let service = status::service(&name, &uid, &self.config);
-        let existing = self.services.get(&ObjectRef::new(&name).within(ns));
-        let current = existing.as_ref().is_some_and(|svc| {
-            svc.owner_references().iter().any(|o| o.uid == uid)
-                && serde_json::to_value(&svc.spec).is_ok_and(|spec| {
-                    spec["selector"] == service["spec"]["selector"]
-                        && spec["ports"][0]["port"] == service["spec"]["ports"][0]["port"]
-                })
-        });
-        if !current {
-            Api::<Service>::namespaced(self.client.clone(), ns)
-                .patch(&name, &params, &Patch::Apply(&service))
-                .await?;
-            tracing::info!(
-                function = name,
-                service = format!("{ns}/{name}"),
-                "Service applied"
-            );
-        }
         let now = now();
         let api = Api::<FunctionRevision>::all(self.client.clone());
         for rev in revisions {
@@ -845,14 +953,6 @@ impl Ctx {
     /// An Event on `name`'s active revision about a trial start (the leader's
     /// only: every replica starts its own).
     async fn event_on_active(&self, name: &str, result: &Result<(), String>, image: &str) {
-        if !*self.leader.borrow() {
-            return;
-        }
-        let Some(rev) = self.revisions.state().into_iter().find(|r| {
-            r.labels().get(PACKAGE_LABEL).map(String::as_str) == Some(name) && r.is_active()
-        }) else {
-            return;
-        };
         let event = match result {
             Ok(()) => Event {
                 type_: EventType::Normal,
@@ -868,6 +968,19 @@ impl Ctx {
                 action: "TrialStart".into(),
                 secondary: None,
             },
+        };
+        self.publish_on_active(name, event).await;
+    }
+
+    /// `event` on `name`'s active revision, if this replica leads.
+    async fn publish_on_active(&self, name: &str, event: Event) {
+        if !*self.leader.borrow() {
+            return;
+        }
+        let Some(rev) = self.revisions.state().into_iter().find(|r| {
+            r.labels().get(PACKAGE_LABEL).map(String::as_str) == Some(name) && r.is_active()
+        }) else {
+            return;
         };
         if let Err(e) = self.recorder.publish(&event, &rev.object_ref(&())).await {
             tracing::debug!(error = %e, "cannot publish an Event");
@@ -916,10 +1029,24 @@ impl Ctx {
             let Some(function) = svc.labels().get(FUNCTION_LABEL) else {
                 continue;
             };
-            if existing.contains(function) {
+            // Only a Service fnrun made for that Function: a label alone
+            // makes no Service fnrun's.
+            if existing.contains(function)
+                || svc.name_any() != *function
+                || !status::made_by_fnrun(&svc, function)
+            {
                 continue;
             }
-            match api.delete(&svc.name_any(), &DeleteParams::default()).await {
+            // The uid is a precondition: a Service of that name made again
+            // since by someone else is not deleted.
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: svc.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&svc.name_any(), &params).await {
                 Ok(_) => tracing::info!(
                     function,
                     service = format!("{ns}/{}", svc.name_any()),
