@@ -11,16 +11,22 @@
 //!   `crossplane-webhooks`) gets no Service: that one is left as it was, the
 //!   revision says `RuntimeHealthy` False naming it (and an Event), and
 //!   deleting Functions deletes only the Services fnrun made, not one that
-//!   merely carries fnrun's labels.
+//!   merely carries fnrun's labels;
+//! - readiness (`/readyz` of the metrics listener, the Deployment's probe):
+//!   not ready while Crossplane's CRDs are missing (and saying so) or the API
+//!   server does not answer, TLS handshakes refused meanwhile as not ready;
+//!   ready, and serving, once it has read the API.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use fnrun_tests::certs::Ca;
-use fnrun_tests::crossplane::controller::{service_account_kubeconfig, start_fnrun};
+use fnrun_tests::certs::{Ca, TlsFiles};
+use fnrun_tests::crossplane::controller::{fnrun_opts, service_account_kubeconfig, start_fnrun};
 use fnrun_tests::crossplane::xr::wait_for;
-use fnrun_tests::crossplane::{NAMESPACE, ROOT_CA_SECRET, loopback_ip};
+use fnrun_tests::crossplane::{Call, NAMESPACE, ROOT_CA_SECRET, loopback_ip};
+use fnrun_tests::daemon::Daemon;
 use fnrun_tests::kube::ControlPlane;
+use fnrun_tests::registry::http_get;
 use fnrun_tests::workspace_root;
 
 /// fnrun's service accounts that are granted nothing, as their manifests
@@ -664,4 +670,161 @@ fn a_function_never_takes_over_a_service_fnrun_did_not_create() {
             "{name}: {now}"
         );
     }
+}
+
+/// `GET /readyz` of the metrics listener `metrics`: its status and body.
+fn readyz(metrics: &str) -> Option<(u16, String)> {
+    http_get(metrics, "/readyz").ok()
+}
+
+#[test]
+fn fnrun_is_ready_once_it_has_read_the_api_and_says_why_not_until_then() {
+    const NO_CRDS: &str = "Crossplane's CRDs are not installed (is Crossplane v1.14+ running?)";
+    let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
+    // Crossplane's namespace, fnrun's manifests and the CA, but no CRDs.
+    let ca = crossplane_namespace(&cp, false);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = service_account_kubeconfig(&cp, dir.path());
+    let client = TlsFiles::write(
+        &dir.path().join("client"),
+        &ca.client("crossplane").unwrap(),
+        &ca.cert_pem(),
+    )
+    .unwrap();
+    let ip = loopback_ip();
+    let call = || {
+        Call::mtls(&format!("{ip}:9443"), &client.ca)
+            .client_cert(&client)
+            .server_name(&format!("fn-a.{NAMESPACE}"))
+            .timeout(Duration::from_secs(10))
+            .run()
+    };
+    let args = ["--functions-start-timeout=300s"];
+
+    let (opts, metrics) = fnrun_opts(&cp, &kubeconfig, ip, "fnrun-0", &args, None);
+    let started = Instant::now();
+    // Returns once the functions listener accepts TCP.
+    let mut fnrun = Daemon::start(opts).unwrap();
+    let log = || fnrun.log();
+    let (code, body) = wait_for(
+        "/readyz saying Crossplane's CRDs are missing",
+        Duration::from_secs(60),
+        || readyz(&metrics).filter(|(_, body)| body.contains(NO_CRDS)),
+        &log,
+    );
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        body.trim(),
+        format!("not ready: waiting for the API server (Functions: {NO_CRDS})")
+    );
+    eprintln!(
+        "not ready, saying why, {:?} after the start",
+        started.elapsed()
+    );
+    assert_eq!(http_get(&metrics, "/livez").unwrap().0, 200);
+    // A call meanwhile: its handshake is refused as not ready, not for its
+    // server name.
+    let outcome = call();
+    assert!(
+        !outcome
+            .as_ref()
+            .is_ok_and(|o| o.code == tonic::Code::NotFound || o.code == tonic::Code::Ok),
+        "{outcome:?}"
+    );
+    wait_for(
+        "the refusal logged as not ready",
+        Duration::from_secs(10),
+        || {
+            log()
+                .contains("TLS handshake refused: not ready: waiting for the API server")
+                .then_some(())
+        },
+        &log,
+    );
+    assert!(log().contains(NO_CRDS), "{}", log());
+    assert!(
+        !log().contains("no function answers to the server name"),
+        "{}",
+        log()
+    );
+    // The CRDs installed: fnrun reads the API, mints, and is ready.
+    install_package_crds(&cp);
+    let (code, body) = wait_for(
+        "/readyz ok once the CRDs are there",
+        Duration::from_secs(120),
+        || readyz(&metrics).filter(|(code, _)| *code == 200),
+        &log,
+    );
+    assert_eq!((code, body.trim()), (200, "ok"));
+    // Served: the name could be a function's, so the handshake gets a
+    // certificate minted from the CA and the call says no such function.
+    let outcome = call().unwrap();
+    assert_eq!(
+        outcome.code,
+        tonic::Code::NotFound,
+        "{outcome:?}\n{}",
+        log()
+    );
+    assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
+
+    // The API server not answering at the start (frozen, as behind a
+    // partition): not ready, saying it waits for it, until it answers.
+    let (opts, metrics) = fnrun_opts(&cp, &kubeconfig, ip, "fnrun-1", &args, None);
+    let paused = cp.pause_apiserver();
+    let mut fnrun = Daemon::start(opts).unwrap();
+    let log = || fnrun.log();
+    for _ in 0..3 {
+        let (code, body) = readyz(&metrics).expect("the metrics listener answers");
+        assert_eq!(
+            (code, body.trim()),
+            (503, "not ready: waiting for the API server"),
+            "{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let outcome = call();
+    assert!(
+        !outcome
+            .as_ref()
+            .is_ok_and(|o| o.code == tonic::Code::NotFound || o.code == tonic::Code::Ok),
+        "{outcome:?}"
+    );
+    assert!(
+        log().contains("not ready: waiting for the API server"),
+        "{}",
+        log()
+    );
+    drop(paused);
+    wait_for(
+        "/readyz ok once the API server answers",
+        Duration::from_secs(120),
+        || readyz(&metrics).filter(|(code, _)| *code == 200),
+        &log,
+    );
+    assert_eq!(call().unwrap().code, tonic::Code::NotFound, "{}", log());
+    // SIGTERM: not ready from the start of the shutdown delay (the
+    // Deployment's 5 s), for good, while the controller still runs.
+    fnrun.signal(nix::sys::signal::Signal::SIGTERM);
+    let stopping = Instant::now();
+    wait_for(
+        "/readyz not ready once shutting down",
+        Duration::from_secs(5),
+        || readyz(&metrics).filter(|(code, _)| *code == 503),
+        &log,
+    );
+    while stopping.elapsed() < Duration::from_secs(4) {
+        match readyz(&metrics) {
+            Some((code, body)) => assert_eq!(
+                (code, body.trim()),
+                (503, "not ready: shutting down"),
+                "{}",
+                log()
+            ),
+            None => break,
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let status = fnrun.wait_exit(Duration::from_secs(60));
+    assert!(status.is_some_and(|s| s.success()), "{}", fnrun.log());
 }
