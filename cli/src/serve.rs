@@ -60,7 +60,9 @@ pub struct ServeArgs {
     /// Permissions of unix sockets (octal); never world-writable.
     #[arg(long, default_value = "0660", value_parser = parse_mode)]
     pub socket_mode: u32,
-    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics, and the probes
+    /// /readyz (200 once fnrun can serve: in Kubernetes mode once it has read
+    /// the API; 503 saying why until then) and /livez.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// On SIGTERM/SIGINT, how long health reports NOT_SERVING while new calls
@@ -181,11 +183,16 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     // Each part counts its own; a scrape renders them all.
     let function_metrics = Arc::new(FunctionMetrics::default());
     let tls_metrics = Arc::new(HandshakeMetrics::default());
+    // `/readyz` of the metrics listener: ready once every listener is bound
+    // and, in Kubernetes mode, once the controller has read the API and
+    // minted the certificates.
+    let readiness = Arc::new(fnrun_transport::readiness::Readiness::new("starting"));
     let metrics_task = match args.metrics_listen {
         Some(addr) => Some(
             fnrun_transport::metrics_http::serve(
                 addr,
                 render_metrics(&runner, &function_metrics, &tls_metrics),
+                readiness.clone(),
                 stopped(shutdown_rx.clone()),
             )
             .await?,
@@ -263,6 +270,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
             )?;
             let (daemon, serving) = fnrun_host::daemon::start_external(
                 &listener,
+                readiness.clone(),
                 runner.clone(),
                 function_metrics,
                 tls_metrics,
@@ -292,6 +300,10 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         ),
     };
 
+    if controller.is_none() {
+        readiness.ready();
+    }
+
     // A controller that ends by itself cannot follow Crossplane any more: the
     // daemon stops as on a signal, and exits with its error.
     let mut controller_failed = None;
@@ -319,6 +331,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         delay = ?args.shutdown_delay,
         "shutting down: health reports NOT_SERVING; new calls are served for the shutdown delay"
     );
+    readiness.stop();
     for service in ["", RUNNER_SERVICE, EVALUATOR_SERVICE] {
         health_reporter
             .set_service_status(service, tonic_health::ServingStatus::NotServing)

@@ -17,7 +17,12 @@
 //!   Function (owned by it), the revisions' `status.endpoint`,
 //!   `tlsServerSecretName`, `RuntimeHealthy` and `RuntimeActive` (server-side
 //!   apply on the status subresource), and Events. Every replica serves
-//!   every function.
+//!   every function. A Service of a Function's name that fnrun did not make
+//!   ([`status::made_by_fnrun`]) is never written nor deleted: the revision
+//!   says why instead, and has no endpoint;
+//! - the host's readiness (`/readyz`, and every TLS handshake refused as
+//!   not ready until then) turns ready once the API is read, every Function
+//!   with an active revision tried once and the certificates minted.
 //!
 //! [`run`] watches with kube-rs reflectors and drives a `Controller` of
 //! Functions; everything it reads or writes is in [`resources`] and

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -46,6 +46,13 @@ const ERROR_RETRY_MOST: Duration = Duration::from_secs(300);
 const DOCKER_CONFIG_JSON: &str = ".dockerconfigjson";
 /// The reason Crossplane gives an ImageConfig it applied for its pull secret.
 const SET_PULL_SECRET: &str = "SetImagePullSecret";
+/// What a 404 on Crossplane's kinds means.
+pub(crate) const NO_CROSSPLANE_CRDS: &str =
+    "Crossplane's CRDs are not installed (is Crossplane v1.14+ running?)";
+/// Why nothing is served before every watched object has been read.
+const WAITING_FOR_API: &str = "waiting for the API server";
+/// Most bytes of a reason for not being ready.
+const NOT_READY_MAX: usize = 400;
 
 /// Why a reconcile failed (it is retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +115,11 @@ struct Ctx {
     poke: mpsc::UnboundedSender<()>,
     state: Mutex<State>,
     errors: std::sync::Mutex<HashMap<String, u32>>,
+    /// Why a Function's Service is not written, as last reported.
+    service_problems: std::sync::Mutex<HashMap<String, String>>,
+    /// The Functions reconciled at least once (or failed to be): readiness
+    /// waits for every one with an active revision.
+    reconciled: std::sync::Mutex<HashSet<String>>,
 }
 
 /// Runs Kubernetes mode until `shutdown`: the host of `serving` serves every
@@ -172,7 +184,11 @@ pub async fn run(
         namespace = ns,
         "Kubernetes mode: reading Functions and their revisions"
     );
-    wait_until_read(&watched, config.start_timeout).await?;
+    let readiness = serving.readiness().cloned();
+    wait_until_read(&watched, config.start_timeout, readiness.as_deref()).await?;
+    if let Some(readiness) = &readiness {
+        readiness.not_ready("reading the Lease and serving the Functions read");
+    }
 
     let (leader, stop_lease, lease_task) = elect(&client, &config, &poke).await?;
     let controller = Controller::new(
@@ -212,6 +228,8 @@ pub async fn run(
         leader,
         poke,
         errors: std::sync::Mutex::new(HashMap::new()),
+        service_problems: std::sync::Mutex::new(HashMap::new()),
+        reconciled: std::sync::Mutex::new(HashSet::new()),
     });
     let sweeper = tokio::spawn(sweep_loop(ctx.clone()));
     controller
@@ -258,6 +276,7 @@ where
     let error = Arc::new(std::sync::Mutex::new(None));
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let last_error = error.clone();
+    let crossplane = K::group(&K::DynamicType::default()) == "pkg.crossplane.io";
     let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
     let watching = what.clone();
     tokio::spawn(async move {
@@ -269,8 +288,9 @@ where
                     let _ = poke.send(());
                 }
                 Err(e) => {
-                    tracing::warn!(watching, error = %e, "cannot watch; retrying");
-                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                    let error = watch_error(&e, crossplane);
+                    tracing::warn!(watching, error, "cannot watch; retrying");
+                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
                 }
             }
         }
@@ -285,13 +305,36 @@ where
     reader
 }
 
+/// What the log and the start's failure say of a watch's error: a 404 on
+/// Crossplane's kinds is their CRDs missing.
+fn watch_error(e: &watcher::Error, crossplane: bool) -> String {
+    let code = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s))
+        | watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
+    };
+    if crossplane && code == Some(404) {
+        NO_CROSSPLANE_CRDS.to_owned()
+    } else {
+        e.to_string()
+    }
+}
+
 /// Waits until every store of `watched` has its first list, for at most
 /// `timeout`; then fails, naming each one that has none and the last error
 /// its watch met (a Forbidden names the permission `rbac.yaml` lacks). A
 /// missing grant is often a moment's race with the RoleBinding being applied,
 /// hence the wait; a grant that never comes fails the start, so that the pod
 /// restarts and says why, rather than waiting forever with nothing served.
-async fn wait_until_read(watched: &[Watched], timeout: Duration) -> anyhow::Result<()> {
+/// Meanwhile `readiness` says it waits for the API server, and the first
+/// error met.
+async fn wait_until_read(
+    watched: &[Watched],
+    timeout: Duration,
+    readiness: Option<&fnrun_transport::readiness::Readiness>,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     let pending = || {
         watched
@@ -299,6 +342,19 @@ async fn wait_until_read(watched: &[Watched], timeout: Duration) -> anyhow::Resu
             .filter(|w| !w.ready.load(std::sync::atomic::Ordering::Acquire))
     };
     while pending().next().is_some() {
+        if let Some(readiness) = readiness {
+            let error = pending().find_map(|w| {
+                let error = w.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                error.map(|e| format!("{}: {e}", w.what))
+            });
+            readiness.not_ready(match error {
+                Some(error) => {
+                    fnrun_api::text::bounded(&format!("{WAITING_FOR_API} ({error})"), NOT_READY_MAX)
+                        .into_owned()
+                }
+                None => WAITING_FOR_API.to_owned(),
+            });
+        }
         if Instant::now() >= deadline {
             let unread: Vec<String> = pending()
                 .map(|w| {
@@ -431,6 +487,11 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
             state.problems.remove(&name);
         }
         ctx.sync_host(&mut state).await;
+        ctx.reconciled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(name.clone());
+        ctx.update_readiness(&state);
         ctx.retry_trial(&mut state, &name);
         let ca_problem = match &state.ca {
             Ca::Unusable { why, .. } => Some(format!(
@@ -445,9 +506,20 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
             .map(Health::Unhealthy)
             .or_else(|| state.trials.get(&name).map(|t| t.health.clone()))
     };
-    if *ctx.leader.borrow() {
-        ctx.write(&function, &revisions, health.as_ref()).await?;
-    }
+    let health = if *ctx.leader.borrow() {
+        let blocked = ctx.write_service(&function).await?;
+        let health = match blocked {
+            // Without a Service of fnrun's the active revision has no
+            // endpoint; with no active revision there is nothing to say.
+            Some(why) => health.map(|_| Health::NoService(why)),
+            None => health,
+        };
+        ctx.write_status(&function, &revisions, health.as_ref())
+            .await?;
+        health
+    } else {
+        health
+    };
     ctx.errors
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -455,6 +527,7 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
     Ok(match health {
         Some(Health::Starting) => Action::requeue(Duration::from_secs(15)),
         Some(Health::Unhealthy(_)) => Action::requeue(Duration::from_secs(10)),
+        Some(Health::NoService(_)) => Action::requeue(Duration::from_secs(30)),
         _ => Action::requeue(Duration::from_secs(600)),
     })
 }
@@ -465,6 +538,10 @@ fn error_policy(function: Arc<Function>, error: &Error, ctx: Arc<Ctx>) -> Action
         .errors
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    ctx.reconciled
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(name.clone());
     let failures = errors.entry(name.clone()).or_default();
     *failures = failures.saturating_add(1);
     let wait = backoff(ERROR_RETRY_FIRST, ERROR_RETRY_MOST, *failures);
@@ -520,7 +597,18 @@ impl Ctx {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
         let mut pull_secrets = Vec::new();
         for secret_name in secret_names {
-            let Some(secret) = secrets.get_opt(&secret_name).await? else {
+            let secret = match secrets.get_opt(&secret_name).await {
+                Ok(secret) => secret,
+                Err(kube::Error::Api(e)) if e.code == 403 => {
+                    return Ok(Err(format!(
+                        "fnrun may not read the pull secret {ns}/{secret_name} (grant it in the Role \
+                         fnrun-functions-pull-secrets, docs/security.md): {}",
+                        e.message
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Some(secret) = secret else {
                 return Ok(Err(format!(
                     "the pull secret {ns}/{secret_name} does not exist"
                 )));
@@ -577,6 +665,73 @@ impl Ctx {
             );
         }
         Ok(settings)
+    }
+
+    /// Makes this replica ready once it can serve what it read: the CA
+    /// usable (if TLS), every Function with an active revision reconciled
+    /// once (served, or its revision says why not), and the host serving the
+    /// catalogue with certificates of the CA. Ready stays ready: what is
+    /// served keeps being served when the API or the CA goes (docs/crossplane.md).
+    fn update_readiness(&self, state: &State) {
+        let Some(readiness) = self.serving.readiness() else {
+            return;
+        };
+        if readiness.is_ready() {
+            return;
+        }
+        if let Ca::Unusable { why, .. } = &state.ca {
+            readiness.not_ready(fnrun_api::text::bounded(
+                &format!(
+                    "the CA Secret {}/{}: {why}",
+                    self.config.namespace,
+                    self.config.ca_secret.as_deref().unwrap_or_default()
+                ),
+                NOT_READY_MAX,
+            ));
+            return;
+        }
+        let active: HashSet<String> = self
+            .revisions
+            .state()
+            .iter()
+            .filter(|r| r.is_active())
+            .filter_map(|r| r.labels().get(PACKAGE_LABEL).cloned())
+            .collect();
+        let pending: Vec<String> = {
+            let reconciled = self
+                .reconciled
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut pending: Vec<String> = self
+                .functions
+                .state()
+                .iter()
+                .filter(|f| f.meta().deletion_timestamp.is_none())
+                .map(|f| f.name_any())
+                .filter(|n| active.contains(n) && !reconciled.contains(n))
+                .collect();
+            pending.sort();
+            pending
+        };
+        if !pending.is_empty() {
+            readiness.not_ready(fnrun_api::text::bounded(
+                &format!(
+                    "{} Functions not read yet: {}",
+                    pending.len(),
+                    pending.join(", ")
+                ),
+                NOT_READY_MAX,
+            ));
+            return;
+        }
+        let applied = state.applied.as_ref().is_some_and(|(defs, ca)| {
+            *defs == state.defs && (matches!(state.ca, Ca::NotUsed) || ca.is_some())
+        });
+        if !applied {
+            readiness.not_ready("the catalogue read is not served yet");
+            return;
+        }
+        readiness.ready();
     }
 
     /// Reads the CA Secret again if it changed.
@@ -791,37 +946,119 @@ impl Ctx {
 }
 
 impl Ctx {
-    /// The leader's writes for `function`: its Service, and the runtime's
-    /// status of each of its revisions (the active one with `health`).
-    async fn write(
+    /// The leader's write of `function`'s Service ([`status::service`]):
+    /// created if there is none, made as it should be if fnrun made it
+    /// ([`status::made_by_fnrun`]). A Service of that name that fnrun did not
+    /// make is never written (nor deleted, see [`Ctx::sweep`]): the answer
+    /// is why, for the revision's `RuntimeHealthy` (and an Event and a log
+    /// line when it is first seen).
+    async fn write_service(&self, function: &Function) -> Result<Option<String>, Error> {
+        let name = function.name_any();
+        let ns = &self.config.namespace;
+        let uid = function.uid().unwrap_or_default();
+        let mut service = status::service(&name, &uid, &self.config);
+        let why = match status::check_service(&service) {
+            Err(why) => Some(why),
+            Ok(()) => {
+                let api = Api::<Service>::namespaced(self.client.clone(), ns);
+                // The store holds the Services with fnrun's label; one
+                // without it is asked for.
+                let existing = match self.services.get(&ObjectRef::new(&name).within(ns)) {
+                    Some(svc) => Some(svc),
+                    None => api.get_opt(&name).await?.map(Arc::new),
+                };
+                match existing {
+                    // Created, never applied over: a Service of that name
+                    // made meanwhile by someone else makes it fail
+                    // (AlreadyExists) and is looked at on the retry.
+                    None => {
+                        let svc: Service =
+                            serde_json::from_value(service).expect("status::service is a Service");
+                        let params = PostParams {
+                            field_manager: Some(FIELD_MANAGER.into()),
+                            ..PostParams::default()
+                        };
+                        api.create(&params, &svc).await?;
+                        tracing::info!(
+                            function = name,
+                            service = format!("{ns}/{name}"),
+                            "Service created"
+                        );
+                        None
+                    }
+                    Some(svc) if !status::made_by_fnrun(&svc, &name) => {
+                        Some(status::service_conflict(ns, &name))
+                    }
+                    Some(svc) => {
+                        let current = svc.owner_references().iter().any(|o| o.uid == uid)
+                            && serde_json::to_value(&svc.spec).is_ok_and(|spec| {
+                                spec["selector"] == service["spec"]["selector"]
+                                    && spec["ports"][0]["port"]
+                                        == service["spec"]["ports"][0]["port"]
+                            });
+                        if !current {
+                            // The uid is a precondition: a Service deleted
+                            // and made again by someone else since it was
+                            // read is not applied over.
+                            service["metadata"]["uid"] = svc.uid().unwrap_or_default().into();
+                            let params = PatchParams::apply(FIELD_MANAGER).force();
+                            api.patch(&name, &params, &Patch::Apply(&service)).await?;
+                            tracing::info!(
+                                function = name,
+                                service = format!("{ns}/{name}"),
+                                "Service applied"
+                            );
+                        }
+                        None
+                    }
+                }
+            }
+        };
+        let first = {
+            let mut reported = self
+                .service_problems
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &why {
+                Some(why) => reported.insert(name.clone(), why.clone()).as_ref() != Some(why),
+                None => {
+                    reported.remove(&name);
+                    false
+                }
+            }
+        };
+        if let (true, Some(why)) = (first, &why) {
+            tracing::warn!(
+                function = name,
+                service = format!("{ns}/{name}"),
+                error = why,
+                "the Function's Service is not written"
+            );
+            self.publish_on_active(
+                &name,
+                Event {
+                    type_: EventType::Warning,
+                    reason: "ServiceConflict".into(),
+                    note: Some(fnrun_api::text::bounded(why, 1000).into_owned()),
+                    action: "WriteService".into(),
+                    secondary: None,
+                },
+            )
+            .await;
+        }
+        Ok(why)
+    }
+
+    /// The leader's write of the runtime's status of each of `function`'s
+    /// revisions (the active one with `health`).
+    async fn write_status(
         &self,
         function: &Function,
         revisions: &[Arc<FunctionRevision>],
         health: Option<&Health>,
     ) -> Result<(), Error> {
         let name = function.name_any();
-        let ns = &self.config.namespace;
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let uid = function.uid().unwrap_or_default();
-        let service = status::service(&name, &uid, &self.config);
-        let existing = self.services.get(&ObjectRef::new(&name).within(ns));
-        let current = existing.as_ref().is_some_and(|svc| {
-            svc.owner_references().iter().any(|o| o.uid == uid)
-                && serde_json::to_value(&svc.spec).is_ok_and(|spec| {
-                    spec["selector"] == service["spec"]["selector"]
-                        && spec["ports"][0]["port"] == service["spec"]["ports"][0]["port"]
-                })
-        });
-        if !current {
-            Api::<Service>::namespaced(self.client.clone(), ns)
-                .patch(&name, &params, &Patch::Apply(&service))
-                .await?;
-            tracing::info!(
-                function = name,
-                service = format!("{ns}/{name}"),
-                "Service applied"
-            );
-        }
         let now = now();
         let api = Api::<FunctionRevision>::all(self.client.clone());
         for rev in revisions {
@@ -845,14 +1082,6 @@ impl Ctx {
     /// An Event on `name`'s active revision about a trial start (the leader's
     /// only: every replica starts its own).
     async fn event_on_active(&self, name: &str, result: &Result<(), String>, image: &str) {
-        if !*self.leader.borrow() {
-            return;
-        }
-        let Some(rev) = self.revisions.state().into_iter().find(|r| {
-            r.labels().get(PACKAGE_LABEL).map(String::as_str) == Some(name) && r.is_active()
-        }) else {
-            return;
-        };
         let event = match result {
             Ok(()) => Event {
                 type_: EventType::Normal,
@@ -868,6 +1097,19 @@ impl Ctx {
                 action: "TrialStart".into(),
                 secondary: None,
             },
+        };
+        self.publish_on_active(name, event).await;
+    }
+
+    /// `event` on `name`'s active revision, if this replica leads.
+    async fn publish_on_active(&self, name: &str, event: Event) {
+        if !*self.leader.borrow() {
+            return;
+        }
+        let Some(rev) = self.revisions.state().into_iter().find(|r| {
+            r.labels().get(PACKAGE_LABEL).map(String::as_str) == Some(name) && r.is_active()
+        }) else {
+            return;
         };
         if let Err(e) = self.recorder.publish(&event, &rev.object_ref(&())).await {
             tracing::debug!(error = %e, "cannot publish an Event");
@@ -903,9 +1145,10 @@ impl Ctx {
                 state.trials.remove(name);
                 state.defs.remove(name);
             }
-            if !gone.is_empty() {
-                self.sync_host(&mut state).await;
-            }
+            // Also what no reconcile applies: the CA read while there is no
+            // Function, and the empty catalogue then served.
+            self.sync_host(&mut state).await;
+            self.update_readiness(&state);
         }
         if !*self.leader.borrow() {
             return;
@@ -916,10 +1159,24 @@ impl Ctx {
             let Some(function) = svc.labels().get(FUNCTION_LABEL) else {
                 continue;
             };
-            if existing.contains(function) {
+            // Only a Service fnrun made for that Function: a label alone
+            // makes no Service fnrun's.
+            if existing.contains(function)
+                || svc.name_any() != *function
+                || !status::made_by_fnrun(&svc, function)
+            {
                 continue;
             }
-            match api.delete(&svc.name_any(), &DeleteParams::default()).await {
+            // The uid is a precondition: a Service of that name made again
+            // since by someone else is not deleted.
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: svc.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&svc.name_any(), &params).await {
                 Ok(_) => tracing::info!(
                     function,
                     service = format!("{ns}/{}", svc.name_any()),
@@ -976,7 +1233,7 @@ mod tests {
             ),
             watched("Services in ns", false, None),
         ];
-        let error = wait_until_read(&all, Duration::from_millis(100))
+        let error = wait_until_read(&all, Duration::from_millis(100), None)
             .await
             .unwrap_err()
             .to_string();
@@ -999,10 +1256,61 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(200)).await;
             late.store(true, std::sync::atomic::Ordering::Release);
         });
-        wait_until_read(&all, Duration::from_secs(30))
+        wait_until_read(&all, Duration::from_secs(30), None)
             .await
             .unwrap();
         assert!(all[1].ready.load(std::sync::atomic::Ordering::Acquire));
+    }
+
+    #[tokio::test]
+    async fn while_the_api_is_not_read_readiness_says_it_waits_for_it() {
+        let readiness = fnrun_transport::readiness::Readiness::new("starting");
+        let all = [
+            watched("Functions", false, Some(NO_CROSSPLANE_CRDS)),
+            watched("Services in ns", true, None),
+        ];
+        let error = wait_until_read(&all, Duration::from_millis(100), Some(&readiness))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            readiness.get(),
+            Err(format!(
+                "waiting for the API server (Functions: {NO_CROSSPLANE_CRDS})"
+            ))
+        );
+        assert!(
+            error.ends_with(&format!("Functions: {NO_CROSSPLANE_CRDS}")),
+            "{error}"
+        );
+        let quiet = [watched("Functions", false, None)];
+        let _ = wait_until_read(&quiet, Duration::from_millis(100), Some(&readiness)).await;
+        assert_eq!(
+            readiness.get(),
+            Err("waiting for the API server".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_404_on_crossplanes_kinds_is_their_crds_missing() {
+        let not_found = || {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code: 404,
+                message: "the server could not find the requested resource".into(),
+                ..Default::default()
+            }))
+        };
+        let e = watcher::Error::InitialListFailed(not_found());
+        assert_eq!(watch_error(&e, true), NO_CROSSPLANE_CRDS);
+        // Another kind's 404 (the Secret's watch) is not Crossplane's.
+        assert_ne!(watch_error(&e, false), NO_CROSSPLANE_CRDS);
+        let forbidden =
+            watcher::Error::InitialListFailed(kube::Error::Api(Box::new(kube::core::Status {
+                code: 403,
+                message: "forbidden".into(),
+                ..Default::default()
+            })));
+        assert!(watch_error(&forbidden, true).contains("forbidden"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
 
 use crate::resources::{Condition, FunctionRevision};
@@ -65,6 +66,73 @@ pub fn service(name: &str, uid: &str, config: &Config) -> Value {
     })
 }
 
+/// Whether fnrun made `svc`, the Service of Function `name`: it has fnrun's
+/// `app.kubernetes.io/managed-by` label, an owner reference to a Function of
+/// that name (of any uid: a Function deleted and made again under the same
+/// name while fnrun was down gets its Service back), and fnrun among its
+/// field managers. A Service that lacks any of them is someone else's, and
+/// fnrun neither writes nor deletes it.
+pub fn made_by_fnrun(svc: &Service, name: &str) -> bool {
+    let meta = &svc.metadata;
+    let labelled = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY.0))
+        .is_some_and(|v| v == MANAGED_BY.1);
+    let owned = meta.owner_references.iter().flatten().any(|o| {
+        o.kind == "Function"
+            && o.name == name
+            && o.api_version.split('/').next() == Some("pkg.crossplane.io")
+    });
+    let managed = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(|f| f.manager.as_deref() == Some(crate::FIELD_MANAGER));
+    labelled && owned && managed
+}
+
+/// Why fnrun leaves the Service `namespace/name` alone: it exists and fnrun
+/// did not make it (see [`made_by_fnrun`]).
+pub fn service_conflict(namespace: &str, name: &str) -> String {
+    format!(
+        "the Service {namespace}/{name} exists and fnrun did not create it (it lacks the label \
+         {}={}, an owner reference to this Function or fnrun's field manager): fnrun leaves it \
+         alone and gives this Function no endpoint; delete that Service or install the Function \
+         under another name",
+        MANAGED_BY.0, MANAGED_BY.1
+    )
+}
+
+/// Checks a Service fnrun is about to write: a ClusterIP Service only, with
+/// no `externalIPs`, `externalName` and no `loadBalancer*` field, which would
+/// route traffic from outside the cluster (the CVE-2020-8554 class) or ask a
+/// cloud for an address. [`service`] writes none of them; this holds
+/// whatever a later change of it would write.
+pub fn check_service(svc: &Value) -> Result<(), String> {
+    let spec = &svc["spec"];
+    let name = svc["metadata"]["name"].as_str().unwrap_or_default();
+    match spec.get("type").and_then(Value::as_str) {
+        Some("ClusterIP") => {}
+        other => {
+            return Err(format!(
+                "fnrun refuses to write the Service {name} of type {}: only ClusterIP",
+                other.unwrap_or("(none)")
+            ));
+        }
+    }
+    let refused = spec.as_object().into_iter().flatten().find(|(k, v)| {
+        !v.is_null()
+            && (*k == "externalIPs" || *k == "externalName" || k.starts_with("loadBalancer"))
+    });
+    if let Some((field, _)) = refused {
+        return Err(format!(
+            "fnrun refuses to write the Service {name} with spec.{field}"
+        ));
+    }
+    Ok(())
+}
+
 /// How the runtime of an active revision is, as fnrun knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {
@@ -74,6 +142,9 @@ pub enum Health {
     Starting,
     /// It cannot be served: why.
     Unhealthy(String),
+    /// It has no Service fnrun may write (see [`service_conflict`]), hence no
+    /// endpoint: why.
+    NoService(String),
 }
 
 /// The status fnrun applies to revision `rev` of Function `name`: for the
@@ -108,9 +179,14 @@ pub fn revision_status(
     let mut status = serde_json::Map::new();
     match health {
         Some(health) if rev.is_active() => {
-            status.insert("endpoint".into(), json!(endpoint(name, &config.namespace)));
-            if let Some(secret) = &config.ca_secret {
-                status.insert("tlsServerSecretName".into(), json!(secret));
+            // Without a Service of fnrun's the endpoint would name someone
+            // else's: none is written (and fnrun's earlier one goes).
+            let served = !matches!(health, Health::NoService(_));
+            if served {
+                status.insert("endpoint".into(), json!(endpoint(name, &config.namespace)));
+                if let Some(secret) = &config.ca_secret {
+                    status.insert("tlsServerSecretName".into(), json!(secret));
+                }
             }
             let healthy = match health {
                 Health::Healthy => condition(RUNTIME_HEALTHY, "True", REASON_HEALTHY, ""),
@@ -130,16 +206,25 @@ pub fn revision_status(
                     REASON_UNKNOWN,
                     "fnrun is pulling the function's image and starting its server",
                 ),
-                Health::Unhealthy(why) => {
+                Health::Unhealthy(why) | Health::NoService(why) => {
                     condition(RUNTIME_HEALTHY, "False", REASON_UNHEALTHY, why)
                 }
             };
-            let active = condition(
-                RUNTIME_ACTIVE,
-                "True",
-                REASON_ACTIVE,
-                &format!("served by fnrun at {}", endpoint(name, &config.namespace)),
-            );
+            let active = if served {
+                condition(
+                    RUNTIME_ACTIVE,
+                    "True",
+                    REASON_ACTIVE,
+                    &format!("served by fnrun at {}", endpoint(name, &config.namespace)),
+                )
+            } else {
+                condition(
+                    RUNTIME_ACTIVE,
+                    "True",
+                    REASON_ACTIVE,
+                    "fnrun runs it but gives it no endpoint: see RuntimeHealthy",
+                )
+            };
             status.insert("conditions".into(), json!([healthy, active]));
         }
         _ => {
@@ -341,6 +426,120 @@ mod tests {
         let failed = Health::Unhealthy("pull failed".into());
         let changed = revision_status(&written, "fn-a", Some(&failed), &config(), "T2");
         assert!(!already_applied(&written, &changed));
+    }
+
+    /// A Service as the API server returns it: `svc` (an applied object)
+    /// with the field managers `managers`.
+    fn stored(svc: &Value, managers: &[&str]) -> Service {
+        let mut svc: Service = serde_json::from_value(svc.clone()).unwrap();
+        svc.metadata.managed_fields = Some(
+            managers
+                .iter()
+                .map(
+                    |m| k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+                        manager: Some((*m).to_owned()),
+                        operation: Some("Apply".into()),
+                        ..Default::default()
+                    },
+                )
+                .collect(),
+        );
+        svc
+    }
+
+    #[test]
+    fn only_a_service_fnrun_made_for_this_function_is_fnruns() {
+        let ours = service("fn-a", "uid-1", &config());
+        assert!(made_by_fnrun(&stored(&ours, &["fnrun"]), "fn-a"));
+        // Made for a Function of the same name deleted since: still fnrun's.
+        assert!(made_by_fnrun(
+            &stored(&service("fn-a", "uid-0", &config()), &["fnrun"]),
+            "fn-a"
+        ));
+        // Another Function's, or someone else's apply of the same object.
+        assert!(!made_by_fnrun(&stored(&ours, &["fnrun"]), "fn-b"));
+        assert!(!made_by_fnrun(&stored(&ours, &["kubectl"]), "fn-a"));
+        // Crossplane's webhook Service, as Helm makes it: no label of fnrun's,
+        // no owner.
+        let webhooks = json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "crossplane-webhooks", "namespace": "crossplane-system",
+                         "labels": {"app.kubernetes.io/managed-by": "Helm"}},
+            "spec": {"selector": {"app": "crossplane"}, "ports": [{"port": 9443}]},
+        });
+        assert!(!made_by_fnrun(
+            &stored(&webhooks, &["helm"]),
+            "crossplane-webhooks"
+        ));
+        // fnrun's label forged on a Service with no owner reference.
+        let mut forged = ours.clone();
+        forged["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ownerReferences");
+        assert!(!made_by_fnrun(&stored(&forged, &["fnrun"]), "fn-a"));
+        let mut unlabelled = ours.clone();
+        unlabelled["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("labels");
+        assert!(!made_by_fnrun(&stored(&unlabelled, &["fnrun"]), "fn-a"));
+        let why = service_conflict("crossplane-system", "crossplane-webhooks");
+        assert!(
+            why.starts_with("the Service crossplane-system/crossplane-webhooks exists"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn only_a_plain_cluster_ip_service_is_written() {
+        let svc = service("fn-a", "uid-1", &config());
+        assert_eq!(check_service(&svc), Ok(()));
+        for (field, value) in [
+            ("externalIPs", json!(["203.0.113.7"])),
+            ("loadBalancerIP", json!("203.0.113.7")),
+            ("loadBalancerSourceRanges", json!(["0.0.0.0/0"])),
+            ("loadBalancerClass", json!("x")),
+            ("externalName", json!("example.org")),
+        ] {
+            let mut bad = svc.clone();
+            bad["spec"][field] = value;
+            let error = check_service(&bad).unwrap_err();
+            assert_eq!(
+                error,
+                format!("fnrun refuses to write the Service fn-a with spec.{field}")
+            );
+        }
+        for type_ in ["LoadBalancer", "NodePort", "ExternalName"] {
+            let mut bad = svc.clone();
+            bad["spec"]["type"] = json!(type_);
+            assert_eq!(
+                check_service(&bad).unwrap_err(),
+                format!("fnrun refuses to write the Service fn-a of type {type_}: only ClusterIP")
+            );
+        }
+        let mut untyped = svc.clone();
+        untyped["spec"].as_object_mut().unwrap().remove("type");
+        assert!(check_service(&untyped).is_err());
+    }
+
+    #[test]
+    fn a_revision_without_a_service_gets_no_endpoint() {
+        let rev = revision("Active", vec![]);
+        let why = service_conflict("crossplane-system", "fn-a");
+        let applied = revision_status(
+            &rev,
+            "fn-a",
+            Some(&Health::NoService(why.clone())),
+            &config(),
+            "T1",
+        );
+        let status = &applied["status"];
+        assert!(status.get("endpoint").is_none(), "{status}");
+        assert!(status.get("tlsServerSecretName").is_none(), "{status}");
+        assert_eq!(status["conditions"][0]["type"], "RuntimeHealthy");
+        assert_eq!(status["conditions"][0]["status"], "False");
+        assert_eq!(status["conditions"][0]["message"], why.as_str());
     }
 
     #[test]

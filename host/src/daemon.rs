@@ -25,7 +25,10 @@ use super::{Changes, FunctionMetrics, Host, Routing};
 use fnrun_core::error::{LINE_MAX, bounded};
 use fnrun_core::runner::Runner;
 use fnrun_transport::listen::{ListenAddr, Listener};
-use fnrun_transport::tls_accept::{HandshakeMetrics, ListenerKind, TlsAccept};
+use fnrun_transport::readiness::Readiness;
+use fnrun_transport::tls_accept::{
+    HandshakeMetrics, ListenerKind, Reason, Refusal, ServerNames, TlsAccept,
+};
 
 /// How often minted certificates are minted again.
 const REMINT_EVERY: Duration = Duration::from_secs(24 * 3600);
@@ -51,6 +54,11 @@ pub struct Serving {
     names: tokio::sync::Mutex<Vec<String>>,
     /// Shutting down: health stays NOT_SERVING whatever is applied.
     stopping: std::sync::atomic::AtomicBool,
+    /// Whether the catalogue source has given what there is to serve
+    /// (Kubernetes mode: the API read, the certificates minted); until then
+    /// every TLS handshake is refused as not ready. None: a functions file,
+    /// ready once started.
+    readiness: Option<Arc<Readiness>>,
 }
 
 impl Serving {
@@ -62,6 +70,12 @@ impl Serving {
     /// The namespace of the functions' Services.
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// Whether the daemon can serve yet, when the catalogue is fed from
+    /// outside: its source says when.
+    pub fn readiness(&self) -> Option<&Arc<Readiness>> {
+        self.readiness.as_ref()
     }
 
     /// The client CA the listener verifies against, when the catalogue is
@@ -195,7 +209,7 @@ pub async fn start(
             let certs = setup.source.cert_set(&names, &namespace)?;
             let resolver = Arc::new(SniResolver::new(certs, function_metrics.clone()));
             let config = tls::server_config(resolver.clone(), &setup.client_ca)?;
-            let accept = tls_accept(&resolver, config, tls_metrics);
+            let accept = tls_accept(&resolver, None, config, tls_metrics);
             (Some(resolver), Some(accept))
         }
         None => (None, None),
@@ -208,6 +222,7 @@ pub async fn start(
             client_ca: None,
             server_config,
             socket_mode,
+            readiness: None,
         },
         runner,
         function_metrics,
@@ -249,10 +264,12 @@ pub struct ExternalConfig {
 /// Starts the function host with no function, its catalogue to be fed
 /// through the [`Serving`] returned (Kubernetes mode). On a TCP listener
 /// without `insecure`, TLS with client certificates required: until
-/// [`Serving::apply`] gives certificates and [`ClientCa::replace`] a CA,
-/// every handshake is refused.
+/// `readiness` is ready (the catalogue source says so once it has applied a
+/// catalogue and certificates, [`Serving::readiness`]) every handshake is
+/// refused as not ready, saying why.
 pub async fn start_external(
     config: &ExternalConfig,
+    readiness: Arc<Readiness>,
     runner: Arc<Runner>,
     function_metrics: Arc<FunctionMetrics>,
     tls_metrics: Arc<HandshakeMetrics>,
@@ -271,7 +288,12 @@ pub async fn start_external(
         let client_ca = Arc::new(ClientCa::default());
         let server_config = tls::server_config_following(resolver.clone(), client_ca.clone())
             .context("the functions listener's TLS")?;
-        let accept = tls_accept(&resolver, server_config, tls_metrics);
+        let accept = tls_accept(
+            &resolver,
+            Some(readiness.clone()),
+            server_config,
+            tls_metrics,
+        );
         (Some(resolver), Some(client_ca), Some(accept))
     } else {
         (None, None, None)
@@ -284,6 +306,7 @@ pub async fn start_external(
             client_ca,
             server_config,
             socket_mode,
+            readiness: Some(readiness),
         },
         runner,
         function_metrics,
@@ -307,6 +330,7 @@ struct Listening {
     client_ca: Option<Arc<ClientCa>>,
     server_config: Option<TlsAccept>,
     socket_mode: u32,
+    readiness: Option<Arc<Readiness>>,
 }
 
 /// A daemon just started, and its address.
@@ -316,18 +340,55 @@ struct Started {
 }
 
 /// The TLS accept of the functions listener: names no function answers to
-/// are refused before the handshake goes on.
+/// are refused before the handshake goes on, and every name while
+/// `readiness` (if given) is not ready.
 fn tls_accept(
     resolver: &Arc<SniResolver>,
+    readiness: Option<Arc<Readiness>>,
     config: Arc<rustls::ServerConfig>,
     tls_metrics: Arc<HandshakeMetrics>,
 ) -> TlsAccept {
     TlsAccept::new(
         ListenerKind::Functions,
         config,
-        Some(resolver.clone()),
+        Some(Arc::new(ReadyNames {
+            resolver: resolver.clone(),
+            readiness,
+        })),
         tls_metrics,
     )
+}
+
+/// The functions listener's server names: none while `readiness` is not
+/// ready, then those the resolver answers to.
+struct ReadyNames {
+    resolver: Arc<SniResolver>,
+    readiness: Option<Arc<Readiness>>,
+}
+
+impl ServerNames for ReadyNames {
+    fn refusal(&self, name: Option<&str>, peer: std::net::SocketAddr) -> Option<Refusal> {
+        not_ready(self.readiness.as_deref(), name).or_else(|| self.resolver.refusal(name, peer))
+    }
+
+    fn accepted(&self, peer: std::net::SocketAddr) {
+        self.resolver.accepted(peer);
+    }
+}
+
+/// The refusal of a handshake for the server name `name` while `readiness`
+/// is not ready: not that no function answers to the name, but why nothing
+/// is served yet.
+fn not_ready(readiness: Option<&Readiness>, name: Option<&str>) -> Option<Refusal> {
+    let why = readiness?.get().err()?;
+    let name = match name {
+        Some(name) => format!("the server name {}", fnrun_api::Quoted::new(name)),
+        None => "no server name".to_owned(),
+    };
+    Some(Refusal::new(
+        Reason::NotReady,
+        format!("not ready: {why} (the client asked for {name})"),
+    ))
 }
 
 /// Binds the listener and serves a host of no function yet.
@@ -360,6 +421,7 @@ async fn serve(
         client_ca: listening.client_ca,
         names: tokio::sync::Mutex::new(Vec::new()),
         stopping: std::sync::atomic::AtomicBool::new(false),
+        readiness: listening.readiness,
     });
     let daemon = FunctionsDaemon {
         serving: serving.clone(),

@@ -779,3 +779,40 @@ fn crossplane_function_runtime_serves_every_listed_function_over_mtls() {
     .expect("the functions are served");
     assert!(log.contains(&format!("functions={}", names.len())), "{log}");
 }
+
+/// Kubernetes mode (deploy/crossplane/): the functions listener accepts TCP
+/// before fnrun has read the API, so readiness is asked of `/readyz` on the
+/// metrics listener, which says whether it can serve; and the Lease it
+/// elects with is made by the manifests (its ServiceAccount may not create
+/// one).
+#[test]
+fn kubernetes_mode_is_ready_by_readyz_and_its_lease_is_made_for_it() {
+    let deployment = load("deploy/crossplane/deployment.yaml");
+    let c = container(&deployment, "fnrun");
+    let a = args(c);
+    assert!(a.contains(&"--metrics-listen=0.0.0.0:9090"), "{a:?}");
+    let metrics = c["ports"]
+        .as_sequence()
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"].as_str() == Some("metrics"))
+        .expect("a port named metrics");
+    assert_eq!(metrics["containerPort"].as_u64(), Some(9090));
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/livez")] {
+        assert_eq!(c[probe]["httpGet"]["path"].as_str(), Some(path), "{probe}");
+        assert_eq!(
+            c[probe]["httpGet"]["port"].as_str(),
+            Some("metrics"),
+            "{probe}"
+        );
+        assert!(c[probe]["tcpSocket"].is_null(), "{probe}");
+    }
+    let lease = load("deploy/crossplane/lease.yaml");
+    assert_eq!(lease["kind"].as_str(), Some("Lease"));
+    assert_eq!(lease["metadata"]["name"].as_str(), Some("fnrun-functions"));
+    assert_eq!(
+        lease["metadata"]["namespace"].as_str(),
+        Some("crossplane-system")
+    );
+    assert!(lease["spec"].is_null(), "the holder is fnrun's to write");
+}

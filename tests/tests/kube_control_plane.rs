@@ -4,14 +4,29 @@
 //! do what the manifests grant and no more: the node daemon nothing beyond
 //! what every authenticated user may; Kubernetes mode's controller
 //! (`deploy/crossplane/rbac.yaml`) what it reads and writes, and nothing
-//! else.
+//! else. Then fnrun in Kubernetes mode, run with that ServiceAccount's
+//! token (never an admin's), against the same API server:
+//!
+//! - a Function named like a Service fnrun did not create (Crossplane's
+//!   `crossplane-webhooks`) gets no Service: that one is left as it was, the
+//!   revision says `RuntimeHealthy` False naming it (and an Event), and
+//!   deleting Functions deletes only the Services fnrun made, not one that
+//!   merely carries fnrun's labels;
+//! - readiness (`/readyz` of the metrics listener, the Deployment's probe):
+//!   not ready while Crossplane's CRDs are missing (and saying so) or the API
+//!   server does not answer, TLS handshakes refused meanwhile as not ready;
+//!   ready, and serving, once it has read the API.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use fnrun_tests::crossplane::controller::{service_account_kubeconfig, start_fnrun};
-use fnrun_tests::crossplane::loopback_ip;
+use fnrun_tests::certs::{Ca, TlsFiles};
+use fnrun_tests::crossplane::controller::{fnrun_opts, service_account_kubeconfig, start_fnrun};
+use fnrun_tests::crossplane::xr::wait_for;
+use fnrun_tests::crossplane::{Call, NAMESPACE, ROOT_CA_SECRET, loopback_ip};
+use fnrun_tests::daemon::Daemon;
 use fnrun_tests::kube::ControlPlane;
+use fnrun_tests::registry::http_get;
 use fnrun_tests::workspace_root;
 
 /// fnrun's service accounts that are granted nothing, as their manifests
@@ -66,7 +81,7 @@ const CONTROLLER_ALLOWED: &[(&str, &[&str])] = &[
     ("crossplane-system", &["get", "secrets/pull"]),
     (
         "crossplane-system",
-        &["create", "leases.coordination.k8s.io"],
+        &["get", "leases.coordination.k8s.io/fnrun-functions"],
     ),
     (
         "crossplane-system",
@@ -107,6 +122,28 @@ const CONTROLLER_REFUSED: &[(&str, &[&str])] = &[
         "crossplane-system",
         &["patch", "leases.coordination.k8s.io/crossplane"],
     ),
+    // lease.yaml makes fnrun's Lease: no Lease is created, and none other
+    // read.
+    (
+        "crossplane-system",
+        &["create", "leases.coordination.k8s.io"],
+    ),
+    (
+        "crossplane-system",
+        &["get", "leases.coordination.k8s.io/crossplane"],
+    ),
+    (
+        "crossplane-system",
+        &["delete", "leases.coordination.k8s.io/fnrun-functions"],
+    ),
+    ("crossplane-system", &["list", "leases.coordination.k8s.io"]),
+    // Pull secrets are read by name only; the CA Secret is never written.
+    ("crossplane-system", &["watch", "secrets"]),
+    (
+        "crossplane-system",
+        &["delete", "secrets/crossplane-root-ca"],
+    ),
+    ("crossplane-system", &["create", "secrets"]),
     ("crossplane-system", &["get", "configmaps"]),
     ("crossplane-system", &["get", "pods"]),
     ("crossplane-system", &["create", "deployments.apps"]),
@@ -367,4 +404,427 @@ fn fnruns_service_accounts_get_what_the_manifests_grant_and_no_more() {
     );
     // Only the Secret: everything else was read.
     assert!(!error.contains("Functions:"), "{error}");
+}
+
+/// Crossplane's namespace with fnrun's manifests (`deploy/crossplane/`)
+/// applied, Crossplane's package CRDs if `crds`, and a CA in
+/// `crossplane-root-ca` (as Crossplane's init makes it), returned.
+fn crossplane_namespace(cp: &ControlPlane, crds: bool) -> Ca {
+    cp.kubectl(&["create", "namespace", NAMESPACE]).unwrap();
+    if crds {
+        install_package_crds(cp);
+    }
+    apply_files(cp, &manifests("deploy/crossplane"));
+    let ca = Ca::new("fnrun-test-crossplane-root-ca").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tls.crt"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.path().join("tls.key"), ca.key_pem()).unwrap();
+    cp.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        ROOT_CA_SECRET,
+        "-n",
+        NAMESPACE,
+        &format!(
+            "--from-file=tls.crt={}",
+            dir.path().join("tls.crt").display()
+        ),
+        &format!(
+            "--from-file=tls.key={}",
+            dir.path().join("tls.key").display()
+        ),
+    ])
+    .unwrap();
+    ca
+}
+
+/// Crossplane's package CRDs (Functions, their revisions, runtime and image
+/// configs), as `crossplane core init` installs them.
+fn install_package_crds(cp: &ControlPlane) {
+    let crds = fnrun_tests::crossplane::crds_dir().expect("Crossplane's CRDs");
+    let mut args = vec!["apply".to_owned(), "--server-side".to_owned()];
+    for kind in [
+        "functions",
+        "functionrevisions",
+        "deploymentruntimeconfigs",
+        "imageconfigs",
+    ] {
+        args.push("-f".to_owned());
+        args.push(path(&crds.join(format!("pkg.crossplane.io_{kind}.yaml"))));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cp.kubectl(&args).unwrap();
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/functions.pkg.crossplane.io",
+        "crd/functionrevisions.pkg.crossplane.io",
+    ])
+    .unwrap();
+}
+
+/// A Function `name` and its Active revision, as Crossplane's package
+/// manager makes them, for an image no registry serves (its trial start
+/// fails; what is tested here is what fnrun writes around it).
+fn install_function(cp: &ControlPlane, name: &str) {
+    let image = format!("127.0.0.1:1/fns/{name}:v1");
+    cp.apply(&format!(
+        "apiVersion: pkg.crossplane.io/v1\nkind: Function\nmetadata:\n  name: {name}\nspec:\n  package: {image}\n"
+    ))
+    .unwrap();
+    cp.apply(&format!(
+        "apiVersion: pkg.crossplane.io/v1\nkind: FunctionRevision\nmetadata:\n  name: {name}-0123456789ab\n\
+         \x20 labels:\n    pkg.crossplane.io/package: {name}\nspec:\n  desiredState: Active\n  image: {image}\n  revision: 1\n"
+    ))
+    .unwrap();
+}
+
+/// The condition `type_` of `name`'s revision, once fnrun wrote it.
+fn revision_condition(cp: &ControlPlane, name: &str, type_: &str) -> Option<serde_json::Value> {
+    let rev = cp
+        .get_json(&["functionrevision", &format!("{name}-0123456789ab")])
+        .ok()?;
+    rev["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// Crossplane's webhook Service, as its Helm chart makes it.
+const WEBHOOKS: &str = "apiVersion: v1
+kind: Service
+metadata:
+  name: crossplane-webhooks
+  namespace: crossplane-system
+  labels:
+    app: crossplane
+    app.kubernetes.io/managed-by: Helm
+spec:
+  selector:
+    app: crossplane
+  ports:
+    - protocol: TCP
+      port: 9443
+      targetPort: 9443
+";
+
+/// A Service that carries fnrun's labels for a Function that does not
+/// exist, made by someone else: a label makes no Service fnrun's.
+const LABELLED: &str = "apiVersion: v1
+kind: Service
+metadata:
+  name: fn-labelled
+  namespace: crossplane-system
+  labels:
+    app.kubernetes.io/managed-by: fnrun
+    pkg.crossplane.io/function: fn-labelled
+spec:
+  selector:
+    app: someone-else
+  ports:
+    - protocol: TCP
+      port: 8080
+";
+
+#[test]
+fn a_function_never_takes_over_a_service_fnrun_did_not_create() {
+    let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
+    crossplane_namespace(&cp, true);
+    cp.apply(WEBHOOKS).unwrap();
+    cp.apply(LABELLED).unwrap();
+    let service = |name: &str| cp.get_json(&["service", name, "-n", NAMESPACE]).ok();
+    let webhooks = service("crossplane-webhooks").unwrap();
+    let labelled = service("fn-labelled").unwrap();
+    // A Function named like Crossplane's Service, and one fnrun serves.
+    install_function(&cp, "crossplane-webhooks");
+    install_function(&cp, "fn-a");
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = service_account_kubeconfig(&cp, dir.path());
+    let fnrun = start_fnrun(
+        &cp,
+        &kubeconfig,
+        loopback_ip(),
+        "fnrun-0",
+        &["--functions-start-timeout=60s"],
+    );
+    let log = || fnrun.log();
+    let conflict = wait_for(
+        "RuntimeHealthy False naming the Service",
+        Duration::from_secs(60),
+        || {
+            revision_condition(&cp, "crossplane-webhooks", "RuntimeHealthy")
+                .filter(|c| c["status"] == "False")
+        },
+        &log,
+    );
+    assert!(
+        conflict["message"].as_str().unwrap_or_default().starts_with(
+            "the Service crossplane-system/crossplane-webhooks exists and fnrun did not create it"
+        ),
+        "{conflict}"
+    );
+    // fnrun made fn-a's, owned by its Function.
+    let fn_a = wait_for(
+        "fn-a's Service",
+        Duration::from_secs(60),
+        || service("fn-a"),
+        &log,
+    );
+    let uid = cp.get_json(&["function", "fn-a"]).unwrap()["metadata"]["uid"].clone();
+    assert_eq!(fn_a["metadata"]["ownerReferences"][0]["uid"], uid, "{fn_a}");
+    assert_eq!(
+        fn_a["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "fnrun"
+    );
+    assert_eq!(fn_a["spec"]["type"], "ClusterIP");
+    let rev_a = cp
+        .get_json(&["functionrevision", "fn-a-0123456789ab"])
+        .unwrap();
+    assert_eq!(
+        rev_a["status"]["endpoint"], "dns:///fn-a.crossplane-system:9443",
+        "{rev_a}"
+    );
+    // What fnrun's write of its own Service relies on: the uid it puts in
+    // its apply is a precondition, and an apply to a Service of that name
+    // made since by someone else (another uid) is refused.
+    let out = fnrun_tests::process::run_capture(
+        cp.kubectl_command().args([
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=fnrun",
+            "-f",
+            "-",
+        ]),
+        Some(
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: fn-a\n  namespace: {NAMESPACE}\n\
+                 \x20 uid: 00000000-0000-0000-0000-000000000000\nspec:\n  selector: {{app: other}}\n"
+            )
+            .as_bytes(),
+        ),
+        Duration::from_secs(30),
+    );
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert_eq!(
+        service("fn-a").unwrap()["spec"]["selector"],
+        fn_a["spec"]["selector"]
+    );
+    // Crossplane's Service as it was: not written, and the revision names no
+    // endpoint (it would be that Service's).
+    let after = service("crossplane-webhooks").unwrap();
+    assert_eq!(
+        after["metadata"]["resourceVersion"], webhooks["metadata"]["resourceVersion"],
+        "{after}"
+    );
+    assert_eq!(after["spec"]["selector"], webhooks["spec"]["selector"]);
+    assert!(after["metadata"]["ownerReferences"].is_null(), "{after}");
+    let rev = cp
+        .get_json(&["functionrevision", "crossplane-webhooks-0123456789ab"])
+        .unwrap();
+    assert!(rev["status"]["endpoint"].is_null(), "{rev}");
+    // An Event on the revision says so too.
+    wait_for(
+        "an Event ServiceConflict",
+        Duration::from_secs(30),
+        || {
+            let events = cp
+                .get_json(&["events.events.k8s.io", "-n", "default"])
+                .ok()?;
+            events["items"]
+                .as_array()?
+                .iter()
+                .find(|e| {
+                    e["reason"] == "ServiceConflict"
+                        && e["regarding"]["name"] == "crossplane-webhooks-0123456789ab"
+                })
+                .cloned()
+        },
+        &log,
+    );
+
+    // The Functions deleted: fn-a's Service goes (there is no garbage
+    // collector here: fnrun deletes it), the others stay as they were.
+    for name in ["fn-a", "crossplane-webhooks"] {
+        cp.kubectl(&["delete", "function", name]).unwrap();
+    }
+    wait_for(
+        "fn-a's Service deleted",
+        Duration::from_secs(60),
+        || service("fn-a").is_none().then_some(()),
+        &log,
+    );
+    // A sweep (every 3 s) more, for good measure.
+    std::thread::sleep(Duration::from_secs(7));
+    for (name, before) in [
+        ("crossplane-webhooks", &webhooks),
+        ("fn-labelled", &labelled),
+    ] {
+        let now = service(name).unwrap_or_else(|| panic!("{name} deleted:\n{}", log()));
+        assert_eq!(
+            now["metadata"]["resourceVersion"], before["metadata"]["resourceVersion"],
+            "{name}: {now}"
+        );
+    }
+}
+
+/// `GET /readyz` of the metrics listener `metrics`: its status and body.
+fn readyz(metrics: &str) -> Option<(u16, String)> {
+    http_get(metrics, "/readyz").ok()
+}
+
+#[test]
+fn fnrun_is_ready_once_it_has_read_the_api_and_says_why_not_until_then() {
+    const NO_CRDS: &str = "Crossplane's CRDs are not installed (is Crossplane v1.14+ running?)";
+    let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
+    // Crossplane's namespace, fnrun's manifests and the CA, but no CRDs.
+    let ca = crossplane_namespace(&cp, false);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = service_account_kubeconfig(&cp, dir.path());
+    let client = TlsFiles::write(
+        &dir.path().join("client"),
+        &ca.client("crossplane").unwrap(),
+        &ca.cert_pem(),
+    )
+    .unwrap();
+    let ip = loopback_ip();
+    let call = || {
+        Call::mtls(&format!("{ip}:9443"), &client.ca)
+            .client_cert(&client)
+            .server_name(&format!("fn-a.{NAMESPACE}"))
+            .timeout(Duration::from_secs(10))
+            .run()
+    };
+    let args = ["--functions-start-timeout=300s"];
+
+    let (opts, metrics) = fnrun_opts(&cp, &kubeconfig, ip, "fnrun-0", &args, None);
+    let started = Instant::now();
+    // Returns once the functions listener accepts TCP.
+    let mut fnrun = Daemon::start(opts).unwrap();
+    let log = || fnrun.log();
+    let (code, body) = wait_for(
+        "/readyz saying Crossplane's CRDs are missing",
+        Duration::from_secs(60),
+        || readyz(&metrics).filter(|(_, body)| body.contains(NO_CRDS)),
+        &log,
+    );
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(
+        body.trim(),
+        format!("not ready: waiting for the API server (Functions: {NO_CRDS})")
+    );
+    eprintln!(
+        "not ready, saying why, {:?} after the start",
+        started.elapsed()
+    );
+    assert_eq!(http_get(&metrics, "/livez").unwrap().0, 200);
+    // A call meanwhile: its handshake is refused as not ready, not for its
+    // server name.
+    let outcome = call();
+    assert!(
+        !outcome
+            .as_ref()
+            .is_ok_and(|o| o.code == tonic::Code::NotFound || o.code == tonic::Code::Ok),
+        "{outcome:?}"
+    );
+    wait_for(
+        "the refusal logged as not ready",
+        Duration::from_secs(10),
+        || {
+            log()
+                .contains("TLS handshake refused: not ready: waiting for the API server")
+                .then_some(())
+        },
+        &log,
+    );
+    assert!(log().contains(NO_CRDS), "{}", log());
+    assert!(
+        !log().contains("no function answers to the server name"),
+        "{}",
+        log()
+    );
+    // The CRDs installed: fnrun reads the API, mints, and is ready.
+    install_package_crds(&cp);
+    let (code, body) = wait_for(
+        "/readyz ok once the CRDs are there",
+        Duration::from_secs(120),
+        || readyz(&metrics).filter(|(code, _)| *code == 200),
+        &log,
+    );
+    assert_eq!((code, body.trim()), (200, "ok"));
+    // Served: the name could be a function's, so the handshake gets a
+    // certificate minted from the CA and the call says no such function.
+    let outcome = call().unwrap();
+    assert_eq!(
+        outcome.code,
+        tonic::Code::NotFound,
+        "{outcome:?}\n{}",
+        log()
+    );
+    assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
+
+    // The API server not answering at the start (frozen, as behind a
+    // partition): not ready, saying it waits for it, until it answers.
+    let (opts, metrics) = fnrun_opts(&cp, &kubeconfig, ip, "fnrun-1", &args, None);
+    let paused = cp.pause_apiserver();
+    let mut fnrun = Daemon::start(opts).unwrap();
+    let log = || fnrun.log();
+    for _ in 0..3 {
+        let (code, body) = readyz(&metrics).expect("the metrics listener answers");
+        assert_eq!(
+            (code, body.trim()),
+            (503, "not ready: waiting for the API server"),
+            "{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let outcome = call();
+    assert!(
+        !outcome
+            .as_ref()
+            .is_ok_and(|o| o.code == tonic::Code::NotFound || o.code == tonic::Code::Ok),
+        "{outcome:?}"
+    );
+    assert!(
+        log().contains("not ready: waiting for the API server"),
+        "{}",
+        log()
+    );
+    drop(paused);
+    wait_for(
+        "/readyz ok once the API server answers",
+        Duration::from_secs(120),
+        || readyz(&metrics).filter(|(code, _)| *code == 200),
+        &log,
+    );
+    assert_eq!(call().unwrap().code, tonic::Code::NotFound, "{}", log());
+    // SIGTERM: not ready from the start of the shutdown delay (the
+    // Deployment's 5 s), for good, while the controller still runs.
+    fnrun.signal(nix::sys::signal::Signal::SIGTERM);
+    let stopping = Instant::now();
+    wait_for(
+        "/readyz not ready once shutting down",
+        Duration::from_secs(5),
+        || readyz(&metrics).filter(|(code, _)| *code == 503),
+        &log,
+    );
+    while stopping.elapsed() < Duration::from_secs(4) {
+        match readyz(&metrics) {
+            Some((code, body)) => assert_eq!(
+                (code, body.trim()),
+                (503, "not ready: shutting down"),
+                "{}",
+                log()
+            ),
+            None => break,
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let status = fnrun.wait_exit(Duration::from_secs(60));
+    assert!(status.is_some_and(|s| s.success()), "{}", fnrun.log());
 }

@@ -50,6 +50,9 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 /// `fnrun_tls_handshakes_refused_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
+    /// The listener cannot serve yet (Kubernetes mode before it has read
+    /// the API: see [`crate::readiness`]).
+    NotReady,
     UnknownServerName,
     NoServerName,
     NotTls,
@@ -61,7 +64,8 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
+        Reason::NotReady,
         Reason::UnknownServerName,
         Reason::NoServerName,
         Reason::NotTls,
@@ -74,6 +78,7 @@ impl Reason {
 
     pub fn label(self) -> &'static str {
         match self {
+            Reason::NotReady => "not_ready",
             Reason::UnknownServerName => "unknown_server_name",
             Reason::NoServerName => "no_server_name",
             Reason::NotTls => "not_tls",

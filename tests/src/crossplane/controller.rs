@@ -65,6 +65,21 @@ pub fn start_fnrun_as(
     extra: &[&str],
     user: Option<&TestUser>,
 ) -> Daemon {
+    let (opts, _) = fnrun_opts(cp, kubeconfig, ip, identity, extra, user);
+    Daemon::start(opts).expect("fnrun serve starts as the Deployment runs it")
+}
+
+/// What [`start_fnrun_as`] starts, read from the Deployment now (so that
+/// the API server need not answer when it starts), and the address of its
+/// metrics listener (`/metrics`, `/readyz`, `/livez`).
+pub fn fnrun_opts(
+    cp: &ControlPlane,
+    kubeconfig: &Path,
+    ip: Ipv4Addr,
+    identity: &str,
+    extra: &[&str],
+    user: Option<&TestUser>,
+) -> (DaemonOpts, String) {
     let deployment = cp
         .get_json(&["deployment", "fnrun-functions", "-n", NAMESPACE])
         .unwrap();
@@ -112,5 +127,5 @@ pub fn start_fnrun_as(
     if let Some(user) = user {
         opts = opts.user(user.clone());
     }
-    Daemon::start(opts).expect("fnrun serve starts as the Deployment runs it")
+    (opts, metrics)
 }
