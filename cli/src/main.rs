@@ -233,7 +233,9 @@ fn read_run_input(args: &RunArgs) -> Result<(Vec<u8>, Option<package::Source>), 
     let functionio = input
         .windows(fnrun_api::functionio::KIND.len())
         .any(|w| w == fnrun_api::functionio::KIND.as_bytes());
-    if !functionio && fnrun_api::resourcelist::resources(&input).is_ok_and(|r| !r.is_empty()) {
+    // Meant as resources when a document has an apiVersion or a kind: read
+    // as such, and refused naming the document that is no KRM object.
+    if !functionio && fnrun_api::resourcelist::looks_like_resources(&input) {
         let (list, inputs) = package::wrap_stream(&input)?;
         return Ok((list, Some(package::Source::Stream(inputs))));
     }
@@ -423,6 +425,21 @@ mod tests {
             "apiVersion: apiextensions.crossplane.io/v1alpha1\nkind: FunctionIO\nmetadata: {name: x}\n",
         );
         assert!(matches!(source(&["img", &fio]), Ok(None)));
+        // One document that is no KRM object, or lacks metadata.name: the
+        // document named, not taken for a FunctionIO (#37).
+        let bad = file("bad.yaml", &format!("{cm}---\nreplicas: 3\n"));
+        assert_eq!(
+            source(&["img", &bad]).unwrap_err().to_string(),
+            "input is neither a ResourceList nor KRM resources: document 1: resource must have `apiVersion`"
+        );
+        let unnamed = file(
+            "unnamed.yaml",
+            "apiVersion: v1\nkind: ConfigMap\ndata: {}\n",
+        );
+        assert_eq!(
+            source(&["--krm", "img", &unnamed]).unwrap_err().to_string(),
+            "input is neither a ResourceList nor KRM resources: document 0 (kind \"ConfigMap\"): resource must have `metadata.name`"
+        );
         let plain = file("plain.yaml", "replicas: 3\n");
         assert!(matches!(source(&["img", &plain]), Ok(None)));
         assert!(matches!(
