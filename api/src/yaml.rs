@@ -329,8 +329,8 @@ mod tests {
     fn parses_streams_of_mappings() {
         let docs = parse_mappings(b"---\n# only a comment\n---\na: 1\n---\n---\n{b: 2}\n").unwrap();
         assert_eq!(docs.len(), 2);
-        assert_eq!(docs[0].0, 2);
-        assert_eq!(docs[1].0, 4);
+        assert_eq!(docs[0].0, 1);
+        assert_eq!(docs[1].0, 3);
         assert_eq!(docs[1].1["b"], Value::from(2));
         assert!(parse_mappings(b"").unwrap().is_empty());
         assert!(matches!(
