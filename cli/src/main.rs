@@ -151,12 +151,12 @@ fn run(args: RunArgs) -> ExitCode {
     req.timeout = args.timeout;
     req.memory_bytes = args.memory;
     req.cpu_millis = args.cpu;
-    req.credentials = match fnrun_registry::credentials::credentials(
+    (req.credentials, req.auth_note) = match fnrun_registry::credentials::find_credentials(
         runner.cache().default_registry(),
         &req.image,
         args.auth.authfile.as_deref(),
     ) {
-        Ok(c) => c,
+        Ok(found) => (found.credentials, found.note),
         Err(e) => {
             eprintln!("fnrun: {}", error_line(&e));
             return ExitCode::from(EXIT_FAILED);
@@ -283,17 +283,18 @@ fn pull(args: PullArgs) -> ExitCode {
     for image in &args.images {
         let bars = terminal.then(|| Arc::new(progress::LayerBars::stderr()));
         let result = rt.block_on(async {
-            let creds = fnrun_registry::credentials::credentials(
+            let found = fnrun_registry::credentials::find_credentials(
                 runner.cache().default_registry(),
                 image,
                 args.auth.authfile.as_deref(),
             )?;
             let reference = runner.cache().parse_reference(image)?;
-            let mut options = GetOptions::new(PullPolicy::Always).credentials(creds);
+            let mut options = GetOptions::new(PullPolicy::Always).credentials(found.credentials);
             if let Some(bars) = &bars {
                 options = options.progress(bars.clone());
             }
-            Ok::<_, PullError>(runner.cache().get(&reference, options).await?.image)
+            let got = runner.cache().get(&reference, options).await;
+            Ok::<_, PullError>(got.map_err(|e| e.noted(found.note.as_deref()))?.image)
         });
         // Every bar is finished or stopped before anything else is printed.
         if let Some(bars) = &bars {
