@@ -303,10 +303,11 @@ pub fn resources(stream: &[u8]) -> Result<Vec<Mapping>, StreamError> {
 /// Whether a stream of YAML documents that is neither a ResourceList nor a
 /// FunctionIO is meant as KRM resources: one of its documents (up to the
 /// first that is not YAML) is a mapping with a top-level `apiVersion` or
-/// `kind`. Such a stream is to be read with [`resources`], whose error names
-/// the document and what it lacks, and not taken for another format because
-/// one document is not a KRM object. A stream too deep or too large for
-/// [`resources`] is not.
+/// `kind` and no `items` (a document with `items` is a list: a ResourceList
+/// of the wrong kind or apiVersion, to be refused as one). Such a stream is
+/// to be read with [`resources`], whose error names the document and what it
+/// lacks, and not taken for another format because one document is not a
+/// KRM object. A stream too deep or too large for [`resources`] is not.
 pub fn looks_like_resources(stream: &[u8]) -> bool {
     use serde::Deserialize;
     if crate::yaml::bounds::check_stream(stream).is_err() {
@@ -315,8 +316,9 @@ pub fn looks_like_resources(stream: &[u8]) -> bool {
     serde_norway::Deserializer::from_slice(stream)
         .map_while(|document| Value::deserialize(document).ok())
         .any(|doc| {
-            doc.as_mapping()
-                .is_some_and(|m| m.contains_key("apiVersion") || m.contains_key("kind"))
+            doc.as_mapping().is_some_and(|m| {
+                (m.contains_key("apiVersion") || m.contains_key("kind")) && !m.contains_key("items")
+            })
         })
 }
 
@@ -797,6 +799,7 @@ mod tests {
             "",
             "replicas: 3\n",
             "- apiVersion: v1\n",
+            "apiVersion: v1\nkind: List\nitems: []\n",
             "b: [\n---\nkind: A\n",
             &deep,
         ] {
