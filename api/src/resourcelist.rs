@@ -218,24 +218,59 @@ pub fn is_resource_list(doc: &[u8]) -> bool {
 }
 
 /// Why a stream of YAML documents is not a list of KRM resources.
+///
+/// Every variant names the document by its index in the stream, counted
+/// from 0 among all documents, empty ones included.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     /// A document is not YAML, or not a mapping.
     #[error("document {index}: {reason}")]
     Document {
-        /// The document's index in the stream, empty ones included.
+        /// The document's index in the stream.
         index: usize,
         /// What is wrong with it.
         reason: Error,
     },
     /// A document is not a KRM object.
-    #[error("document {index}: {reason}")]
+    #[error("document {index}{what}: {reason}")]
     Resource {
-        /// The resource's index among the stream's non-empty documents.
+        /// The document's index in the stream.
         index: usize,
+        /// Its kind and name where it has them.
+        what: Described,
         /// What is wrong with it.
         reason: ItemError,
     },
+}
+
+/// A resource's kind and name, as far as it has them, for a message:
+/// ` (kind "ConfigMap", name "web")`, ` (kind "ConfigMap")`, or nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Described(Option<Box<str>>);
+
+impl Described {
+    /// What `item` says of its kind and name (strings only, not empty).
+    pub fn of(item: &Mapping) -> Self {
+        let string = |v: Option<&Value>| {
+            v.and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(Quoted::new)
+        };
+        let kind = string(item.get("kind"));
+        let name = string(item.get("metadata").and_then(|m| m.get("name")));
+        Self(match (kind, name) {
+            (Some(kind), Some(name)) => Some(format!(" (kind {kind}, name {name})").into()),
+            (Some(kind), None) => Some(format!(" (kind {kind})").into()),
+            (None, Some(name)) => Some(format!(" (name {name})").into()),
+            (None, None) => None,
+        })
+    }
+}
+
+impl std::fmt::Display for Described {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.as_deref().unwrap_or(""))
+    }
 }
 
 /// Reads the KRM resources of a stream of YAML documents separated by `---`
@@ -248,7 +283,6 @@ pub fn resources(stream: &[u8]) -> Result<Vec<Mapping>, StreamError> {
         reason: reason.into(),
     })?;
     docs.into_iter()
-        .enumerate()
         .map(|(index, doc)| {
             if let Some(found) = find_not_json(&doc, TaggedValues::Allowed) {
                 return Err(StreamError::Document {
@@ -256,10 +290,36 @@ pub fn resources(stream: &[u8]) -> Result<Vec<Mapping>, StreamError> {
                     reason: Error::NotJson(found),
                 });
             }
-            check_item(Value::Mapping(doc))
-                .map_err(|reason| StreamError::Resource { index, reason })
+            let what = Described::of(&doc);
+            check_item(Value::Mapping(doc)).map_err(|reason| StreamError::Resource {
+                index,
+                what,
+                reason,
+            })
         })
         .collect()
+}
+
+/// Whether a stream of YAML documents that is neither a ResourceList nor a
+/// FunctionIO is meant as KRM resources: one of its documents (up to the
+/// first that is not YAML) is a mapping with a top-level `apiVersion` or
+/// `kind` and no `items` (a document with `items` is a list: a ResourceList
+/// of the wrong kind or apiVersion, to be refused as one). Such a stream is
+/// to be read with [`resources`], whose error names the document and what it
+/// lacks, and not taken for another format because one document is not a
+/// KRM object. A stream too deep or too large for [`resources`] is not.
+pub fn looks_like_resources(stream: &[u8]) -> bool {
+    use serde::Deserialize;
+    if crate::yaml::bounds::check_stream(stream).is_err() {
+        return false;
+    }
+    serde_norway::Deserializer::from_slice(stream)
+        .map_while(|document| Value::deserialize(document).ok())
+        .any(|doc| {
+            doc.as_mapping().is_some_and(|m| {
+                (m.contains_key("apiVersion") || m.contains_key("kind")) && !m.contains_key("items")
+            })
+        })
 }
 
 /// Reads a function configuration given on its own, as kpt's `--fn-config`
@@ -704,9 +764,46 @@ mod tests {
                 "document 1: document is not a YAML mapping but a sequence",
             ),
             ("a: [\n", "document 0: did not find expected"),
+            // The document is named by its place in the stream, empty ones
+            // counted, with its kind and name where it has them (#37).
+            (
+                "apiVersion: v1\nkind: A\nmetadata: {name: a}\n---\n# empty\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {namespace: x}\n",
+                "document 2 (kind \"ConfigMap\"): resource must have `metadata.name`",
+            ),
+            (
+                "apiVersion: v1\nkind: A\nmetadata: {name: a}\n---\nmetadata: {name: web}\nkind: Service\n",
+                "document 1 (kind \"Service\", name \"web\"): resource must have `apiVersion`",
+            ),
+            (
+                "apiVersion: v1\nkind: A\nmetadata: {name: a}\n---\nreplicas: 3\n",
+                "document 1: resource must have `apiVersion`",
+            ),
         ] {
             let err = resources(doc.as_bytes()).unwrap_err().to_string();
             assert!(err.starts_with(want), "{doc:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn tells_a_stream_meant_as_resources() {
+        for stream in [
+            "apiVersion: v1\nkind: ConfigMap\n",
+            "replicas: 3\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
+            "kind: Kustomization\n",
+            "apiVersion: v1\nkind: A\n---\nb: [\n",
+        ] {
+            assert!(looks_like_resources(stream.as_bytes()), "{stream:?}");
+        }
+        let deep = format!("apiVersion: v1\nkind: A\nx: {}\n", "[".repeat(1 << 20));
+        for stream in [
+            "",
+            "replicas: 3\n",
+            "- apiVersion: v1\n",
+            "apiVersion: v1\nkind: List\nitems: []\n",
+            "b: [\n---\nkind: A\n",
+            &deep,
+        ] {
+            assert!(!looks_like_resources(stream.as_bytes()), "{stream:?}");
         }
     }
 }

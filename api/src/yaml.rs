@@ -261,17 +261,18 @@ pub(crate) fn parse_mapping(doc: &[u8]) -> Result<serde_norway::Mapping, Documen
 /// Parses a stream of YAML (or JSON) documents separated by `---`, as kpt
 /// reads a file of a package or `kpt fn eval -`'s stdin: documents that are
 /// empty or only comments are skipped, every other one must be a mapping.
-/// The error names the document (counted from 0 among all of them).
+/// Each mapping comes with its index in the stream, and the error names the
+/// document: both count from 0 among all documents, empty ones included.
 pub(crate) fn parse_mappings(
     stream: &[u8],
-) -> Result<Vec<serde_norway::Mapping>, (usize, DocumentError)> {
+) -> Result<Vec<(usize, serde_norway::Mapping)>, (usize, DocumentError)> {
     use serde::Deserialize;
     bounds::check_stream(stream).map_err(|e| (0, DocumentError::Yaml(e.into())))?;
     let mut out = Vec::new();
     for (index, document) in serde_norway::Deserializer::from_slice(stream).enumerate() {
         match Value::deserialize(document) {
             Ok(Value::Null) => {}
-            Ok(Value::Mapping(mapping)) => out.push(mapping),
+            Ok(Value::Mapping(mapping)) => out.push((index, mapping)),
             Ok(other) => return Err((index, DocumentError::NotAMapping(kind_name(&other)))),
             Err(e) => return Err((index, DocumentError::Yaml(e.into()))),
         }
@@ -328,7 +329,9 @@ mod tests {
     fn parses_streams_of_mappings() {
         let docs = parse_mappings(b"---\n# only a comment\n---\na: 1\n---\n---\n{b: 2}\n").unwrap();
         assert_eq!(docs.len(), 2);
-        assert_eq!(docs[1]["b"], Value::from(2));
+        assert_eq!(docs[0].0, 1);
+        assert_eq!(docs[1].0, 3);
+        assert_eq!(docs[1].1["b"], Value::from(2));
         assert!(parse_mappings(b"").unwrap().is_empty());
         assert!(matches!(
             parse_mappings(b"a: 1\n---\n- x\n"),

@@ -141,9 +141,27 @@ impl Cache {
 
     /// Parses and normalizes a reference with this cache's default registry. This (or
     /// [`ImageRef::parse`]) is the only way to make an [`ImageRef`], so [`Cache::get`]
-    /// takes it as it is.
+    /// takes it as it is. The path of an `oci:` or `oci-archive:` image is made
+    /// absolute against the working directory (symbolic links are not resolved): the
+    /// reference it is recorded under names the same layout from anywhere.
     pub fn parse_reference(&self, s: &str) -> Result<ImageRef, Error> {
-        Ok(ImageRef::parse(s, &self.inner.config.default_registry)?)
+        let registry = &self.inner.config.default_registry;
+        let image = ImageRef::parse(s, registry)?;
+        if let ImageRef::OciLayout {
+            path, tag, archive, ..
+        } = &image
+            && path.is_relative()
+            && let Ok(absolute) = std::path::absolute(path)
+            && let Some(absolute) = absolute.to_str().filter(|a| !a.contains(':'))
+        {
+            let transport = if *archive { "oci-archive" } else { "oci" };
+            let tag = tag.as_ref().map(|t| format!(":{t}")).unwrap_or_default();
+            return Ok(ImageRef::parse(
+                &format!("{transport}:{absolute}{tag}"),
+                registry,
+            )?);
+        }
+        Ok(image)
     }
 
     /// Returns the image, pulling and unpacking what is missing as `options.policy`

@@ -44,6 +44,10 @@ pub enum Error {
     /// Tags are listed only for registry images.
     #[error("{reference} is not a registry image: it has no tags to list")]
     NotARegistry { reference: String },
+    /// A registry's refusal, with what the caller knows of the credentials
+    /// it sent: where they came from, or where they were looked for.
+    #[error("{error}; {note}")]
+    Refused { error: Box<Error>, note: String },
 }
 
 impl Error {
@@ -62,6 +66,19 @@ impl Error {
             Error::NotARegistry { .. } => ErrorKind::InvalidReference,
             Error::TooLarge { .. } | Error::TooManyFiles { .. } => ErrorKind::Corrupt,
             Error::Owner(_) | Error::Task(_) => ErrorKind::Internal,
+            Error::Refused { error, .. } => error.kind(),
+        }
+    }
+
+    /// This error with `note` (see [`Error::Refused`]) when it is a
+    /// registry's refusal and there is a note; else as it is.
+    pub fn noted(self, note: Option<&str>) -> Error {
+        match note {
+            Some(note) if self.kind() == ErrorKind::Unauthorized => Error::Refused {
+                error: Box::new(self),
+                note: note.to_owned(),
+            },
+            _ => self,
         }
     }
 

@@ -271,13 +271,20 @@ async fn oci_layout_get_unpacks_once() {
         .image;
     check_image(&cache, &image, &t);
     assert_eq!(image.reference, format!("oci:{}:v1", t.layout.display()));
-    // Layout blobs are not copied into the store.
+    // Layer blobs are not copied into the store; the manifest and config are,
+    // and the reference is recorded: listed and inspected as a registry
+    // image is (#37).
     assert_eq!(
         std::fs::read_dir(cache.root().join("blobs/sha256"))
             .unwrap()
             .count(),
-        0
+        2
     );
+    let listed = cache.list().await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].reference, image.reference);
+    let details = cache.inspect(&image.reference).await.unwrap().unwrap();
+    assert!(details.layers.iter().all(|l| l.unpacked), "{details:?}");
 
     let ino = std::fs::metadata(&image.layers[0]).unwrap().ino();
     let again = cache

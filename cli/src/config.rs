@@ -55,9 +55,11 @@ pub struct CacheArgs {
 #[derive(Debug, Clone, Default, Args)]
 #[command(next_help_heading = "Registry flags")]
 pub struct AuthArgs {
-    /// Registry credentials from this file instead of ~/.docker/config.json:
-    /// a docker config.json or the auth.json of `podman login` and `skopeo
-    /// --authfile` (`auths`, `credHelpers`, `credsStore`).
+    /// Registry credentials from this file alone: a docker config.json or the
+    /// auth.json of `podman login` and `skopeo --authfile` (`auths`,
+    /// `credHelpers`, `credsStore`). Default: the first with credentials for
+    /// the registry of $XDG_RUNTIME_DIR/containers/auth.json,
+    /// $XDG_CONFIG_HOME/containers/auth.json and ~/.docker/config.json.
     #[arg(
         long,
         value_name = "FILE",

@@ -99,7 +99,7 @@ pub struct FunctionOptions {
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
     /// Registry credentials from this `.dockerconfigjson` (a pull secret's)
-    /// instead of ~/.docker/config.json.
+    /// instead of the auth.json and config.json files searched by default.
     #[arg(
         long,
         value_name = "FILE",

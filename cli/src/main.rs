@@ -156,12 +156,12 @@ fn run(args: RunArgs) -> ExitCode {
     req.timeout = args.timeout;
     req.memory_bytes = args.memory;
     req.cpu_millis = args.cpu;
-    req.credentials = match fnrun_registry::credentials::credentials(
+    (req.credentials, req.auth_note) = match fnrun_registry::credentials::find_credentials(
         runner.cache().default_registry(),
         &req.image,
         args.auth.authfile.as_deref(),
     ) {
-        Ok(c) => c,
+        Ok(found) => (found.credentials, found.note),
         Err(e) => {
             eprintln!("fnrun: {}", error_line(&e));
             return ExitCode::from(EXIT_FAILED);
@@ -238,7 +238,9 @@ fn read_run_input(args: &RunArgs) -> Result<(Vec<u8>, Option<package::Source>), 
     let functionio = input
         .windows(fnrun_api::functionio::KIND.len())
         .any(|w| w == fnrun_api::functionio::KIND.as_bytes());
-    if !functionio && fnrun_api::resourcelist::resources(&input).is_ok_and(|r| !r.is_empty()) {
+    // Meant as resources when a document has an apiVersion or a kind: read
+    // as such, and refused naming the document that is no KRM object.
+    if !functionio && fnrun_api::resourcelist::looks_like_resources(&input) {
         let (list, inputs) = package::wrap_stream(&input)?;
         return Ok((list, Some(package::Source::Stream(inputs))));
     }
@@ -286,17 +288,18 @@ fn pull(args: PullArgs) -> ExitCode {
     for image in &args.images {
         let bars = terminal.then(|| Arc::new(progress::LayerBars::stderr()));
         let result = rt.block_on(async {
-            let creds = fnrun_registry::credentials::credentials(
+            let found = fnrun_registry::credentials::find_credentials(
                 runner.cache().default_registry(),
                 image,
                 args.auth.authfile.as_deref(),
             )?;
             let reference = runner.cache().parse_reference(image)?;
-            let mut options = GetOptions::new(PullPolicy::Always).credentials(creds);
+            let mut options = GetOptions::new(PullPolicy::Always).credentials(found.credentials);
             if let Some(bars) = &bars {
                 options = options.progress(bars.clone());
             }
-            Ok::<_, PullError>(runner.cache().get(&reference, options).await?.image)
+            let got = runner.cache().get(&reference, options).await;
+            Ok::<_, PullError>(got.map_err(|e| e.noted(found.note.as_deref()))?.image)
         });
         // Every bar is finished or stopped before anything else is printed.
         if let Some(bars) = &bars {
@@ -428,6 +431,21 @@ mod tests {
             "apiVersion: apiextensions.crossplane.io/v1alpha1\nkind: FunctionIO\nmetadata: {name: x}\n",
         );
         assert!(matches!(source(&["img", &fio]), Ok(None)));
+        // One document that is no KRM object, or lacks metadata.name: the
+        // document named, not taken for a FunctionIO (#37).
+        let bad = file("bad.yaml", &format!("{cm}---\nreplicas: 3\n"));
+        assert_eq!(
+            source(&["img", &bad]).unwrap_err().to_string(),
+            "input is neither a ResourceList nor KRM resources: document 1: resource must have `apiVersion`"
+        );
+        let unnamed = file(
+            "unnamed.yaml",
+            "apiVersion: v1\nkind: ConfigMap\ndata: {}\n",
+        );
+        assert_eq!(
+            source(&["--krm", "img", &unnamed]).unwrap_err().to_string(),
+            "input is neither a ResourceList nor KRM resources: document 0 (kind \"ConfigMap\"): resource must have `metadata.name`"
+        );
         let plain = file("plain.yaml", "replicas: 3\n");
         assert!(matches!(source(&["img", &plain]), Ok(None)));
         assert!(matches!(

@@ -66,6 +66,10 @@ pub struct RunRequest {
     /// Told of each layer when the image is pulled (`fnrun run`'s bars on a
     /// terminal); `None`: nobody.
     pub progress: Option<PullDisplay>,
+    /// Added to a registry's refusal: where the credentials came from, or
+    /// where they were looked for (`fnrun run`'s, from
+    /// `fnrun_registry::credentials::find_credentials`).
+    pub auth_note: Option<String>,
 }
 
 /// A [`PullProgress`] in a [`RunRequest`].
@@ -96,6 +100,7 @@ impl RunRequest {
             env: Vec::new(),
             mounts: Vec::new(),
             progress: None,
+            auth_note: None,
         }
     }
 
@@ -464,7 +469,11 @@ impl Runner {
                 req.credentials.clone(),
                 req.progress.clone(),
             )
-            .await?;
+            .await
+            .map_err(|e| match e {
+                RunError::Image(e) => RunError::Image(e.noted(req.auth_note.as_deref())),
+                other => other,
+            })?;
         let options = SpecOptions {
             extra_args: &[],
             extra_env: &req.env,

@@ -16,9 +16,11 @@
 //! the message. A function that exits 0 with `error` results succeeds: Porch
 //! reads the results itself.
 //!
-//! Registry credentials come from the daemon's own docker config file
-//! (`$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`), as for
-//! `fnrun run`: Porch's requests carry none.
+//! Registry credentials come from the daemon's own podman, skopeo and
+//! docker logins (`$XDG_RUNTIME_DIR/containers/auth.json`,
+//! `$XDG_CONFIG_HOME/containers/auth.json`, then `$DOCKER_CONFIG/config.json`
+//! or `~/.docker/config.json`), as for `fnrun run`: Porch's requests carry
+//! none.
 
 pub mod semver;
 pub mod tag;

@@ -73,8 +73,10 @@ impl std::fmt::Display for Mode {
 /// call runs), so a rotated file needs no reload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CredentialSource {
-    /// The daemon's docker config (`$DOCKER_CONFIG/config.json`, else
-    /// `~/.docker/config.json`), as `fnrun run` reads it.
+    /// The daemon's podman, skopeo and docker logins
+    /// (`$XDG_RUNTIME_DIR/containers/auth.json`,
+    /// `$XDG_CONFIG_HOME/containers/auth.json`, then `$DOCKER_CONFIG/config.json`
+    /// or `~/.docker/config.json`), as `fnrun run` reads them.
     DaemonDockerConfig,
     /// A docker config file: `auths`, `credHelpers` and `credsStore`.
     DockerConfig(PathBuf),

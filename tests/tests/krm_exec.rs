@@ -9,12 +9,14 @@
 //!   in the kustomization's directory with its own environment, pipes the
 //!   ResourceList in, reads the one fnrun prints and passes fnrun's stderr
 //!   through.
+//! - kustomize v5.5.0 and v5.7.1 (built from their Go module): an `exec`
+//!   with `args` naming fnrun itself, refused by v5.5.0 and run by v5.7.1.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use fnrun_tests::cli::CLI_GUARD;
-use fnrun_tests::krm::{self, fnrun_exec, kustomize};
+use fnrun_tests::krm::{self, KUSTOMIZE_5, fnrun_exec, kustomize, kustomize5};
 use fnrun_tests::process::run_capture;
 
 /// A kustomization in `dir/name`: two resources, a transformer (the Go
@@ -158,4 +160,69 @@ fn kustomize_runs_fnrun_as_an_exec_function() {
         "{}",
         out.describe()
     );
+}
+
+/// kustomize 5's `exec.args`: refused by v5.5.0 (kyaml's `ExecSpec` has no
+/// `args` there), run by v5.7.1, which runs `path` with them: fnrun named
+/// directly, no wrapper script (#37). docs/krm.md says which takes what.
+#[test]
+fn kustomize_5_passes_exec_args_from_5_7() {
+    let (_registry, image, dir) = krm::setup();
+    let root = dir.path().join("args");
+    std::fs::create_dir_all(&root).expect("mkdir");
+    krm::write(
+        &root,
+        "kustomization.yaml",
+        "resources:\n- resources.yaml\ntransformers:\n- set-label.yaml\n",
+        0o644,
+    )
+    .expect("kustomization");
+    krm::write(
+        &root,
+        "resources.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  color: blue\n",
+        0o644,
+    )
+    .expect("resources");
+    let cache = dir.path().join("cache").display().to_string();
+    krm::write(
+        &root,
+        "set-label.yaml",
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: set-label\n  annotations:\n    config.kubernetes.io/function: |\n      exec:\n        path: {}\n        args: [run, --krm, --cache-dir, {cache}, {image}]\ndata:\n  key: team\n  value: platform\n",
+            fnrun_tests::fnrun_bin().display()
+        ),
+        0o644,
+    )
+    .expect("transformer");
+    for version in KUSTOMIZE_5 {
+        let kustomize = kustomize5(version).expect("kustomize 5 built from its module");
+        let out = run_capture(
+            Command::new(&kustomize)
+                .args(["build", "--enable-alpha-plugins", "--enable-exec"])
+                .arg(&root),
+            None,
+            CLI_GUARD,
+        );
+        match version {
+            "5.5.0" => {
+                assert_ne!(out.code, Some(0), "{version}: {}", out.describe());
+                assert!(
+                    out.stderr.contains("unknown field \"args\""),
+                    "{version}: {}",
+                    out.describe()
+                );
+            }
+            _ => {
+                assert_eq!(out.code, Some(0), "{version}: {}", out.describe());
+                let doc = fnrun_tests::functionio::parse(&out.stdout);
+                assert_eq!(
+                    doc["metadata"]["labels"]["team"].as_str(),
+                    Some("platform"),
+                    "{version}: {}",
+                    out.describe()
+                );
+            }
+        }
+    }
 }

@@ -70,3 +70,78 @@ fn demo_function_labels_the_example() {
         "demo-function labelled 1 resources"
     );
 }
+
+/// `pull oci:LAYOUT` caches the image as a registry pull does: `cache list`
+/// shows it, `cache inspect` finds it, `cache rm` removes it (#37).
+#[test]
+fn pulled_oci_layout_is_listed_inspected_and_removed() {
+    let image = TestImage::echo().tag("v1").build().expect("image builds");
+    let archive = image.oci_archive().expect("archive");
+    let cli = Cli::new().expect("cli");
+    let reference = image.oci_ref();
+    for pulled in [&reference, &archive] {
+        let out = cli.run(&["pull", pulled], None);
+        assert_eq!(out.code, Some(0), "{}", out.describe());
+    }
+    let out = cli.run(&["cache", "list", "-o", "json"], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let listed: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+    let references: Vec<&str> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|i| i["reference"].as_str())
+        .collect();
+    assert!(
+        references.contains(&reference.as_str()) && references.contains(&archive.as_str()),
+        "{references:?}: {}",
+        out.describe()
+    );
+    let out = cli.run(&["cache", "inspect", &reference], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let details: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+    assert_eq!(
+        details["reference"],
+        reference.as_str(),
+        "{}",
+        out.describe()
+    );
+    assert!(
+        details["layers"]
+            .as_array()
+            .is_some_and(|l| !l.is_empty() && l.iter().all(|l| l["unpacked"] == true)),
+        "{}",
+        out.describe()
+    );
+    // Still run from the layout, then removed like any cached image.
+    let out = cli.run(&["run", &reference, "-"], Some(SAMPLE.as_bytes()));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let out = cli.run(&["cache", "rm", &reference], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let out = cli.run(&["cache", "inspect", &reference], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+
+    // A relative path is recorded made absolute: found by either spelling.
+    let copy = cli.scratch().join("layout");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(image.layout())
+        .arg(&copy)
+        .status()
+        .expect("cp");
+    assert!(status.success());
+    let out = cli.run(&["pull", &format!("oci:layout:{}", image.tag())], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let absolute = format!("oci:{}:{}", copy.display(), image.tag());
+    for spelling in [absolute.as_str(), &format!("oci:./layout:{}", image.tag())] {
+        let out = cli.run(&["cache", "inspect", spelling], None);
+        assert_eq!(out.code, Some(0), "{spelling}: {}", out.describe());
+        let details: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+        assert_eq!(
+            details["reference"],
+            absolute.as_str(),
+            "{}",
+            out.describe()
+        );
+    }
+}

@@ -104,12 +104,20 @@ impl Puller {
                 let result = match resolved {
                     Ok((digest, manifest)) => {
                         let resolved = Resolved {
-                            reference: r,
-                            digest,
-                            manifest,
+                            reference: r.clone(),
+                            digest: digest.clone(),
+                            manifest: manifest.clone(),
                         };
-                        self.materialize(resolved, Source::Layout(layout), progress, None)
+                        match self
+                            .materialize(resolved, Source::Layout(layout.clone()), progress, None)
                             .await
+                        {
+                            Ok(image) => self
+                                .record_layout(layout, r, digest, manifest)
+                                .await
+                                .map(|()| image),
+                            Err(e) => Err(e),
+                        }
                     }
                     Err(e) => Err(e),
                 };
@@ -243,6 +251,30 @@ impl Puller {
             pulled: true,
             ..image
         })
+    }
+
+    /// Records an image got from an OCI layout (or archive) as a registry
+    /// image is recorded: its manifest and config copied into the store and
+    /// its reference (`oci:PATH:TAG`) written, so that `cache list`, `cache
+    /// inspect` and `cache rm` find it, and a prune counts it (its layers are
+    /// unpacked in the store; their compressed blobs stay in the layout).
+    async fn record_layout(
+        self: &Arc<Self>,
+        layout: PathBuf,
+        reference: String,
+        digest: Digest,
+        manifest: ImageManifest,
+    ) -> Result<(), Error> {
+        let inner = self.clone();
+        blocking(move || {
+            let bytes = layout::read_blob(&layout, &digest)?;
+            inner.store.write_blob(&digest, "manifest", &bytes)?;
+            let config = &manifest.config.digest;
+            let bytes = layout::read_blob(&layout, config)?;
+            inner.store.write_blob(config, "config", &bytes)?;
+            Ok(inner.store.write_ref(&reference, &digest)?)
+        })
+        .await
     }
 
     /// The image from the local reference index, if it is there; `None` if it is not (or

@@ -1,7 +1,15 @@
-//! Registry credentials from docker's config file, for `fnrun run` and `fnrun pull`.
+//! Registry credentials from the files of podman, skopeo and docker, for `fnrun run`,
+//! `fnrun pull`, Porch's evaluator and the function host.
 //!
-//! The file is `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`, read the way
-//! docker reads it. For a registry, in this order (docker CLI's `GetCredentialsStore`):
+//! The files are `--authfile FILE` (`REGISTRY_AUTH_FILE`) alone when given; else, as
+//! containers-image searches them, `$XDG_RUNTIME_DIR/containers/auth.json`
+//! (`/run/containers/UID/auth.json` without `XDG_RUNTIME_DIR`), then
+//! `$XDG_CONFIG_HOME/containers/auth.json` (`~/.config/containers/auth.json`), then
+//! docker's `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`; the first that
+//! has credentials for the registry gives them ([`find_credentials`], which also says
+//! where they came from, or where they were looked for, for a registry's refusal).
+//! Each file is read the way docker reads its config (podman's `auth.json` is the same
+//! format). For a registry, in this order (docker CLI's `GetCredentialsStore`):
 //!
 //! 1. `credHelpers[registry]`: that credential helper. An empty name there means "no
 //!    helper for this registry": step 3, even if `credsStore` is set.
@@ -119,39 +127,160 @@ struct Helpers {
     timeout: Duration,
 }
 
-/// Credentials for `image` (unqualified, it names `default_registry`: the cache's) from
-/// the docker config file of this process's environment; anonymous for `oci:` images,
-/// registries without an entry and when there is no file.
-pub fn credentials_for_image(
+/// The files searched for credentials when no `--authfile` is given, in the
+/// order of containers-image (podman, skopeo, buildah), whose logins are
+/// read first, and docker's last:
+///
+/// 1. `$XDG_RUNTIME_DIR/containers/auth.json` (`podman login`'s file), or
+///    `/run/containers/UID/auth.json` when `XDG_RUNTIME_DIR` is unset;
+/// 2. `$XDG_CONFIG_HOME/containers/auth.json`, else
+///    `~/.config/containers/auth.json`;
+/// 3. docker's `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
+#[derive(Debug, Default, Clone)]
+struct SearchEnv {
+    xdg_runtime_dir: Option<OsString>,
+    xdg_config_home: Option<OsString>,
+    docker_config: Option<OsString>,
+    home: Option<OsString>,
+    uid: u32,
+}
+
+impl SearchEnv {
+    fn of_process() -> Self {
+        Self {
+            xdg_runtime_dir: std::env::var_os("XDG_RUNTIME_DIR"),
+            xdg_config_home: std::env::var_os("XDG_CONFIG_HOME"),
+            docker_config: std::env::var_os("DOCKER_CONFIG"),
+            home: std::env::var_os("HOME"),
+            uid: nix::unistd::getuid().as_raw(),
+        }
+    }
+
+    fn files(&self) -> Vec<PathBuf> {
+        let set = |v: &Option<OsString>| v.clone().filter(|v| !v.is_empty());
+        let mut files = vec![match set(&self.xdg_runtime_dir) {
+            Some(dir) => PathBuf::from(dir).join("containers/auth.json"),
+            None => PathBuf::from(format!("/run/containers/{}/auth.json", self.uid)),
+        }];
+        match (set(&self.xdg_config_home), set(&self.home)) {
+            (Some(dir), _) => files.push(PathBuf::from(dir).join("containers/auth.json")),
+            (None, Some(home)) => {
+                files.push(PathBuf::from(home).join(".config/containers/auth.json"))
+            }
+            (None, None) => {}
+        }
+        files.extend(config_path(set(&self.docker_config), set(&self.home)));
+        files
+    }
+}
+
+/// Registry credentials for an image, and what to say of them when the
+/// registry refuses them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Found {
+    /// The credentials (anonymous when no file has any for the registry).
+    pub credentials: Credentials,
+    /// Where they came from, or which files were searched in vain, and what
+    /// to do (`--authfile`, `podman login`): to be added to the message of a
+    /// registry's refusal. `None` for images not in a registry.
+    pub note: Option<String>,
+}
+
+/// Credentials for `image` (unqualified, it names `default_registry`: the
+/// cache's): from `authfile` (`--authfile`, `REGISTRY_AUTH_FILE`) alone when
+/// given, which must exist; else from the first of the files
+/// [`SearchEnv::files`] lists that has credentials for the registry, as
+/// containers-image searches them. Anonymous for `oci:` images and when no
+/// file has any.
+pub fn find_credentials(
     default_registry: &str,
     image: &str,
-) -> Result<Credentials, DockerConfigError> {
-    // A malformed reference is reported by the run or pull itself.
-    let Ok(ImageRef::Registry { registry, .. }) = ImageRef::parse(image, default_registry) else {
-        return Ok(Credentials::Anonymous);
-    };
-    let Some(path) = config_path(std::env::var_os("DOCKER_CONFIG"), std::env::var_os("HOME"))
-    else {
-        return Ok(Credentials::Anonymous);
-    };
+    authfile: Option<&Path>,
+) -> Result<Found, DockerConfigError> {
     let helpers = Helpers {
         path: std::env::var_os("PATH"),
         timeout: HELPER_TIMEOUT,
     };
-    credentials_from_file(&path, &registry, Some(&helpers))
+    find_in(
+        default_registry,
+        image,
+        authfile,
+        &SearchEnv::of_process(),
+        &helpers,
+    )
+}
+
+fn find_in(
+    default_registry: &str,
+    image: &str,
+    authfile: Option<&Path>,
+    env: &SearchEnv,
+    helpers: &Helpers,
+) -> Result<Found, DockerConfigError> {
+    // A malformed reference is reported by the run or pull itself.
+    let Ok(ImageRef::Registry { registry, .. }) = ImageRef::parse(image, default_registry) else {
+        return Ok(Found::default());
+    };
+    let host = truncate(&registry);
+    if let Some(path) = authfile {
+        let credentials =
+            credentials_from_named_file(default_registry, image, path, Some(helpers))?;
+        let note = match credentials {
+            Credentials::Anonymous => format!(
+                "--authfile {} has no credentials for {host}",
+                path.display()
+            ),
+            _ => format!(
+                "the credentials for {host} came from --authfile {}",
+                path.display()
+            ),
+        };
+        return Ok(Found {
+            credentials,
+            note: Some(note),
+        });
+    }
+    let files = env.files();
+    for path in &files {
+        let credentials = credentials_from_file(path, &registry, Some(helpers))?;
+        if credentials != Credentials::Anonymous {
+            return Ok(Found {
+                credentials,
+                note: Some(format!(
+                    "the credentials for {host} came from {}",
+                    path.display()
+                )),
+            });
+        }
+    }
+    let searched: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    Ok(Found {
+        credentials: Credentials::Anonymous,
+        note: Some(format!(
+            "no credentials for {host} in {} (log in with podman login or docker login, or give --authfile FILE)",
+            searched.join(", ")
+        )),
+    })
+}
+
+/// Credentials for `image` (unqualified, it names `default_registry`: the
+/// cache's) from the files of this process's environment, as
+/// [`find_credentials`] without `--authfile`.
+pub fn credentials_for_image(
+    default_registry: &str,
+    image: &str,
+) -> Result<Credentials, DockerConfigError> {
+    find_credentials(default_registry, image, None).map(|f| f.credentials)
 }
 
 /// Credentials for `image` from `authfile` (`--authfile`) when given, else
-/// from the docker config file of this process's environment.
+/// from the files of this process's environment ([`find_credentials`]).
 pub fn credentials(
     default_registry: &str,
     image: &str,
     authfile: Option<&Path>,
 ) -> Result<Credentials, DockerConfigError> {
-    match authfile {
-        Some(path) => credentials_from_docker_config(default_registry, image, path),
-        None => credentials_for_image(default_registry, image),
-    }
+    find_credentials(default_registry, image, authfile).map(|f| f.credentials)
 }
 
 /// Credentials for `image` from the docker config file at `path` (`auths`,
@@ -504,6 +633,92 @@ mod tests {
             Some(PathBuf::from("/home/u/.docker/config.json"))
         );
         assert_eq!(config_path(None, None), None);
+    }
+
+    #[test]
+    fn searches_podmans_files_before_dockers() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |p: &str| dir.path().join(p);
+        let env = SearchEnv {
+            xdg_runtime_dir: Some(at("run").into()),
+            xdg_config_home: None,
+            docker_config: None,
+            home: Some(at("home").into()),
+            uid: 1000,
+        };
+        assert_eq!(
+            env.files(),
+            [
+                at("run/containers/auth.json"),
+                at("home/.config/containers/auth.json"),
+                at("home/.docker/config.json"),
+            ]
+        );
+        let others = SearchEnv {
+            xdg_config_home: Some("/cfg".into()),
+            docker_config: Some("/dc".into()),
+            ..SearchEnv::default()
+        };
+        assert_eq!(
+            others.files(),
+            [
+                PathBuf::from("/run/containers/0/auth.json"),
+                PathBuf::from("/cfg/containers/auth.json"),
+                PathBuf::from("/dc/config.json"),
+            ]
+        );
+
+        let write = |p: &str, user: &str| {
+            let path = at(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let json = json!({"auths": {"r.example:5000": {"auth": b64(&format!("{user}:pw"))}}});
+            std::fs::write(path, json.to_string()).unwrap();
+        };
+        let find = |authfile: Option<&Path>| {
+            find_in(
+                "docker.io",
+                "r.example:5000/fn:v1",
+                authfile,
+                &env,
+                &no_helpers(),
+            )
+            .unwrap()
+        };
+        // None: anonymous, and the note names every file searched.
+        let none = find(None);
+        assert_eq!(none.credentials, Credentials::Anonymous);
+        let note = none.note.unwrap();
+        for file in env.files() {
+            assert!(note.contains(&file.display().to_string()), "{note}");
+        }
+        assert!(note.contains("--authfile"), "{note}");
+        // docker's, then podman's XDG_CONFIG_HOME file, then its runtime one win.
+        write("home/.docker/config.json", "docker");
+        assert_eq!(find(None).credentials, basic("docker", "pw"));
+        write("home/.config/containers/auth.json", "config");
+        assert_eq!(find(None).credentials, basic("config", "pw"));
+        write("run/containers/auth.json", "runtime");
+        let found = find(None);
+        assert_eq!(found.credentials, basic("runtime", "pw"));
+        assert_eq!(
+            found.note.unwrap(),
+            format!(
+                "the credentials for r.example:5000 came from {}",
+                at("run/containers/auth.json").display()
+            )
+        );
+        // A file without an entry for the registry is passed over.
+        std::fs::write(at("run/containers/auth.json"), r#"{"auths": {}}"#).unwrap();
+        assert_eq!(find(None).credentials, basic("config", "pw"));
+        // --authfile alone.
+        let empty = at("empty.json");
+        std::fs::write(&empty, "{}").unwrap();
+        let given = find(Some(&empty));
+        assert_eq!(given.credentials, Credentials::Anonymous);
+        assert!(given.note.unwrap().starts_with("--authfile "));
+        // Images not in a registry have none, and no note.
+        let layout = find_in("docker.io", "oci:/x:v1", None, &env, &no_helpers()).unwrap();
+        assert_eq!(layout, Found::default());
     }
 
     #[test]
