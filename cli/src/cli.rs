@@ -256,6 +256,26 @@ mod tests {
     }
 
     #[test]
+    fn network_policies_none_and_isolated_are_isolated() {
+        for (given, want) in [
+            ("none", "Isolated"),
+            ("isolated", "Isolated"),
+            ("Isolated", "Isolated"),
+            ("NONE", "Isolated"),
+            ("runner", "Runner"),
+            ("Runner", "Runner"),
+        ] {
+            let cli = Cli::try_parse_from(["fnrun", "run", "--network-policy", given, "img"])
+                .unwrap_or_else(|e| panic!("{given}: {e}"));
+            let Command::Run(r) = cli.command else {
+                panic!()
+            };
+            assert_eq!(format!("{:?}", r.network_policy), want, "{given}");
+        }
+        assert!(Cli::try_parse_from(["fnrun", "run", "--network-policy", "host", "img"]).is_err());
+    }
+
+    #[test]
     fn log_levels_from_flags() {
         use LogLevel::*;
         assert_eq!(LogLevel::raised(Off, 1), Info);
