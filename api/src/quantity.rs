@@ -39,14 +39,15 @@ impl Error {
     }
 }
 
-/// The smallest memory limit accepted. A static busybox run in a fresh
-/// sandbox peaks at 0.75 MiB of its cgroup's memory on cgroup v1 (778240
-/// bytes for `cat` of a small FunctionIO: init, page tables, the function's
-/// first pages), and a limit below what the cgroup holds when it is set
-/// cannot even be written (EBUSY). Docker's floor is 6 MB; fnrun's is 4 MiB,
-/// five times what the smallest function needs, so that a limit typed
-/// wrong (`128m` in Kubernetes' notation) is caught and a small real one
-/// is not (README.md, docs/crossplane.md).
+/// The smallest memory limit accepted. Measured on cgroup v1 (kernel 6.18)
+/// with a static busybox in a fresh sandbox: `true` is OOM-killed with a
+/// limit of 768 KiB and runs with 832 KiB; below about 400 KiB the limit
+/// cannot even be written (EBUSY: the run's cgroup already holds more, init
+/// included), which is the internal error `128m` used to give. Docker's
+/// floor is 6 MB; fnrun's is 4 MiB, about five times what the smallest
+/// process needs, so that a limit typed wrong (`128m` in Kubernetes'
+/// notation) is caught and a small real one is not (README.md,
+/// docs/crossplane.md).
 pub const MIN_MEMORY_BYTES: u64 = 4 << 20;
 
 /// A parsed non-negative quantity: `mantissa * 10^exp10 * 2^exp2`.
