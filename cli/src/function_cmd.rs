@@ -169,7 +169,7 @@ pub fn main(args: FunctionArgs) -> ExitCode {
     match args.command {
         FunctionCommand::Serve(args) => match serve(args) {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => crate::support::daemon_failed(&e, crate::support::EXIT_FAILED),
+            Err(e) => crate::support::daemon_failed(&e, crate::support::exit_code_of(&e)),
         },
         FunctionCommand::Call(args) => call(args),
     }
@@ -267,8 +267,12 @@ fn admission() -> Admission {
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::support::raise_open_files_limit();
     let idle = (!args.idle_timeout.is_zero()).then_some(args.idle_timeout);
-    let def = definition(&args.image, &args.options, idle, args.timeout)?;
-    let addr: ListenAddr = args.listen.parse().context("--listen")?;
+    let def = definition(&args.image, &args.options, idle, args.timeout)
+        .map_err(|e| crate::support::Usage(format!("{e:#}")))?;
+    let addr: ListenAddr = args
+        .listen
+        .parse()
+        .map_err(|e| crate::support::Usage(format!("--listen {e:#}")))?;
     // A pool of one: the place of the function's spare sandbox, made when
     // its server stops for idleness (`fnrun_host`'s function module).
     let runner =

@@ -64,21 +64,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => match serve::serve(args) {
             Ok(None) => ExitCode::SUCCESS,
             Ok(Some(stopped)) => ExitCode::from(stopped.exit_code()),
-            Err(e) => {
-                // A functions file that is not valid, an address that
-                // cannot be listened on as given, or flags that do not go
-                // together: usage errors, as a bad flag is.
-                let code = if e.chain().any(|c| {
-                    c.is::<fnrun_host::catalogue::CatalogueError>()
-                        || c.is::<fnrun_host::daemon::FlagError>()
-                        || c.is::<support::Usage>()
-                }) {
-                    EXIT_USAGE
-                } else {
-                    EXIT_FAILED
-                };
-                daemon_failed(&e, code)
-            }
+            Err(e) => daemon_failed(&e, support::exit_code_of(&e)),
         },
         Command::Run(args) => run(args),
         Command::Pull(args) => pull(args),

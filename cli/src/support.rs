@@ -171,6 +171,21 @@ pub(crate) fn block_on_stoppable<F: std::future::Future>(work: F) -> Result<F::O
     })
 }
 
+/// The exit code of a daemon's error: a functions file that is not valid,
+/// an address that cannot be listened on as given, or flags that do not go
+/// together are usage errors (2), as a bad flag is; anything else is 1.
+pub(crate) fn exit_code_of(e: &anyhow::Error) -> u8 {
+    if e.chain().any(|c| {
+        c.is::<fnrun_host::catalogue::CatalogueError>()
+            || c.is::<fnrun_host::daemon::FlagError>()
+            || c.is::<Usage>()
+    }) {
+        EXIT_USAGE
+    } else {
+        EXIT_FAILED
+    }
+}
+
 /// A usage or invalid-input error found after the command line was parsed
 /// (a `--listen` address that does not resolve, flags that do not go
 /// together): `fnrun` exits 2 with it, as with a bad flag.

@@ -57,3 +57,24 @@ fn serve_usage_errors_exit_2_in_one_line() {
         assert!(out.stderr.starts_with("fnrun: "), "{}", out.describe());
     }
 }
+
+#[test]
+fn function_serve_usage_errors_exit_2() {
+    let cli = Cli::new().expect("cli");
+    let cache = cli.cache_dir().display().to_string();
+    for (args, says) in [
+        (&["--listen", "nowhere"][..], "--listen"),
+        (&["--env", "NOVALUE"][..], "NOVALUE"),
+    ] {
+        let serve = [
+            &["function", "serve", "--cache-dir", &cache][..],
+            args,
+            &["example.org/fns/fn:v1"],
+        ]
+        .concat();
+        let out = cli.run_as_given(&serve, &[], None);
+        assert_eq!(out.code, Some(2), "{args:?}: {}", out.describe());
+        assert!(out.stderr.contains(says), "{args:?}: {}", out.describe());
+        assert!(out.stderr.starts_with("fnrun: "), "{}", out.describe());
+    }
+}
