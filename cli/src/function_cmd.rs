@@ -126,7 +126,9 @@ pub struct FunctionOptions {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Where to serve: HOST:PORT, unix:PATH or unix-abstract:NAME.
+    /// Where to serve: [tcp://]HOST:PORT (HOST a name, every address of it
+    /// listened on, or an address; :PORT: every address), unix:PATH or
+    /// unix-abstract:NAME.
     #[arg(long, default_value = "127.0.0.1:9443")]
     pub listen: String,
     /// Stop the server after this long without a call (0: never); the next
@@ -269,9 +271,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let idle = (!args.idle_timeout.is_zero()).then_some(args.idle_timeout);
     let def = definition(&args.image, &args.options, idle, args.timeout)
         .map_err(|e| crate::support::Usage(format!("{e:#}")))?;
-    let addr: ListenAddr = args
-        .listen
-        .parse()
+    let addrs = ListenAddr::resolve(&args.listen)
         .map_err(|e| crate::support::Usage(format!("--listen {e:#}")))?;
     // A pool of one: the place of the function's spare sandbox, made when
     // its server stops for idleness (`fnrun_host`'s function module).
@@ -292,25 +292,36 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         function.prepare().await?;
         let (router, health) = listener::services(host.clone())?;
         listener::serving(&health, std::slice::from_ref(&name)).await;
-        let listener = addr.bind(args.socket_mode)?;
-        let socket_file = match &listener {
-            fnrun_transport::listen::Listener::Unix(_, path) => path.clone(),
-            fnrun_transport::listen::Listener::Tcp(_) => None,
-        };
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = listener::serve(router, listener, None, async move {
-            let _ = stop_rx.await;
-        });
-        tracing::info!(address = %addr, function = name, "serving the function (h2c)");
+        // Every address of the name given, each its own listener.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut servers = Vec::new();
+        let mut socket_files = Vec::new();
+        for addr in &addrs {
+            let listener = addr.bind(args.socket_mode)?;
+            if let fnrun_transport::listen::Listener::Unix(_, Some(path)) = &listener {
+                socket_files.push(path.clone());
+            }
+            let mut stop = stop_rx.clone();
+            servers.push(listener::serve(
+                router.clone(),
+                listener,
+                None,
+                async move {
+                    let _ = stop.wait_for(|stop| *stop).await;
+                },
+            ));
+            tracing::info!(address = %addr, function = name, "serving the function (h2c)");
+        }
         let signal = tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
         tracing::info!(signal, "stopping");
-        let _ = stop_tx.send(());
+        let _ = stop_tx.send(true);
         host.shutdown(Duration::from_secs(30)).await;
-        let _ = tokio::time::timeout(Duration::from_secs(30), server).await;
-        if let Some(path) = socket_file {
+        let _ =
+            tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(servers)).await;
+        for path in socket_files {
             let _ = std::fs::remove_file(path);
         }
         Ok(())
