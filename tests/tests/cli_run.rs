@@ -73,6 +73,15 @@ fn timeout_exits_124_quickly_and_kills_the_function() {
     assert_eq!(out.code, Some(124), "{}", out.describe());
     assert!(out.elapsed < Duration::from_secs(15), "{}", out.describe());
     assert!(out.stdout.is_empty(), "{}", out.describe());
+    // A Function package (a gRPC server) waits so: the line says where to
+    // take one.
+    assert!(
+        out.stderr
+            .contains("call it with `fnrun function call IMAGE REQUEST`"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.describe());
     let left = fixtures::leftover_processes(&["sleep", "61"], Duration::from_secs(5));
     fixtures::kill_pids(&left);
     assert!(
