@@ -115,11 +115,12 @@ impl Stopped {
 /// SIGINT (Ctrl-C), SIGTERM (`timeout`, `kill`) and SIGHUP (the terminal
 /// closed). Caught, instead of killing fnrun at once, so that the function
 /// is stopped and its sandbox removed first (a root run's init does not
-/// die with fnrun).
+/// die with fnrun). SIGINT and SIGHUP that fnrun was started ignoring
+/// (`nohup`, a background job of a shell script) stay ignored.
 pub(crate) struct StopSignals {
-    int: tokio::signal::unix::Signal,
+    int: Option<tokio::signal::unix::Signal>,
     term: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
+    hup: Option<tokio::signal::unix::Signal>,
 }
 
 impl StopSignals {
@@ -127,19 +128,32 @@ impl StopSignals {
     /// starts.
     pub fn install() -> std::io::Result<StopSignals> {
         use tokio::signal::unix::{SignalKind, signal};
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let unless_ignored = |number, kind| match ignored(&status, number) {
+            true => Ok(None),
+            false => signal(kind).map(Some),
+        };
         Ok(StopSignals {
-            int: signal(SignalKind::interrupt())?,
+            int: unless_ignored(libc::SIGINT, SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
-            hup: signal(SignalKind::hangup())?,
+            hup: unless_ignored(libc::SIGHUP, SignalKind::hangup())?,
         })
     }
 
     /// The next of them that arrives (or arrived since `install`).
     pub async fn next(&mut self) -> Stopped {
+        async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
         let (name, number) = tokio::select! {
-            _ = self.int.recv() => ("SIGINT", libc::SIGINT),
+            () = recv(&mut self.int) => ("SIGINT", libc::SIGINT),
             _ = self.term.recv() => ("SIGTERM", libc::SIGTERM),
-            _ = self.hup.recv() => ("SIGHUP", libc::SIGHUP),
+            () = recv(&mut self.hup) => ("SIGHUP", libc::SIGHUP),
         };
         Stopped { name, number }
     }
@@ -155,6 +169,19 @@ impl StopSignals {
             out = &mut work => Ok(out),
         }
     }
+}
+
+/// Whether `signal` is ignored by the `SigIgn:` mask of a
+/// `/proc/PID/status` text.
+fn ignored(status: &str, signal: libc::c_int) -> bool {
+    let Some(bit) = signal.checked_sub(1).and_then(|b| u32::try_from(b).ok()) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask.checked_shr(bit).is_some_and(|m| m & 1 == 1))
 }
 
 /// Runs `work` (a run of `fnrun run`) on a runtime on this thread until it
@@ -192,3 +219,19 @@ pub(crate) fn exit_code_of(e: &anyhow::Error) -> u8 {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub(crate) struct Usage(pub String);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ignored_signals_are_read_from_the_status_mask() {
+        // SIGHUP (1) and SIGPIPE (13) ignored, as under nohup.
+        let status = "Name:\tfnrun\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000001001\n";
+        assert!(ignored(status, libc::SIGHUP));
+        assert!(ignored(status, libc::SIGPIPE));
+        assert!(!ignored(status, libc::SIGINT));
+        assert!(!ignored("", libc::SIGHUP));
+        assert!(!ignored(status, 0));
+    }
+}

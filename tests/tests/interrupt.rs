@@ -4,7 +4,9 @@
 //! function, removes its sandbox, says so in one line and exits 128 + the
 //! signal's number (130, 143, 129), as podman does. SIGKILL cannot be
 //! caught: the sandbox dies with fnrun (its spawner and init by their
-//! parent-death signal).
+//! parent-death signal), and its cgroups are left empty within the 2 s,
+//! for the next fnrun to sweep (nothing else can remove them): checked
+//! with the `fnrun pull` that follows.
 
 use std::collections::BTreeSet;
 use std::io::Read;
@@ -44,18 +46,22 @@ struct Footprint {
 }
 
 impl Footprint {
-    /// What is still there.
-    fn left(&self, cli: &Cli) -> Vec<String> {
+    /// What is still there: with `empty_cgroups_ok`, a cgroup only if it
+    /// holds a process.
+    fn left(&self, cli: &Cli, empty_cgroups_ok: bool) -> Vec<String> {
         let mut left: Vec<String> = self
             .pids
             .iter()
             .filter(|p| alive(**p))
             .map(|p| format!("process {p}"))
             .collect();
+        let holds_process = |c: &PathBuf| {
+            std::fs::read_to_string(c.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())
+        };
         left.extend(
             self.cgroups
                 .iter()
-                .filter(|c| c.exists())
+                .filter(|c| c.exists() && (!empty_cgroups_ok || holds_process(c)))
                 .map(|c| format!("cgroup {}", c.display())),
         );
         let cache = cli.cache_dir().display().to_string();
@@ -200,10 +206,11 @@ fn interrupt(kind: Kind, user: Option<TestUser>, signals: &[Signal], first_secon
             let _ = fnrun.kill();
             let _ = fnrun.wait();
         }
-        let mut left = footprint.left(&cli);
+        let killed = sig == Signal::SIGKILL;
+        let mut left = footprint.left(&cli, killed);
         while !left.is_empty() && signalled.elapsed() < GONE_WITHIN {
             std::thread::sleep(Duration::from_millis(20));
-            left = footprint.left(&cli);
+            left = footprint.left(&cli, killed);
         }
         let who = format!(
             "{kind:?} {} {sig}",
@@ -221,6 +228,15 @@ fn interrupt(kind: Kind, user: Option<TestUser>, signals: &[Signal], first_secon
             (Signal::SIGKILL, Some(status)) => {
                 if status.signal() != Some(Signal::SIGKILL as i32) {
                     failures.push(format!("{who}: {status}"));
+                }
+                // The next fnrun sweeps the empty cgroups of a dead one.
+                let out = cli.run(&["pull", "-q", &image], None);
+                let left = footprint.left(&cli, false);
+                if out.code != Some(0) || !left.is_empty() {
+                    failures.push(format!(
+                        "{who}: left after the next fnrun: {left:#?}\n{}",
+                        out.describe()
+                    ));
                 }
             }
             (sig, Some(status)) => {
@@ -305,4 +321,45 @@ fn killed_function_call_rootless_leaves_nothing() {
         return;
     };
     interrupt(Kind::Call, Some(user), &[Signal::SIGKILL], 4380);
+}
+
+/// Under `nohup` (SIGHUP ignored), a hangup does not stop the run; SIGTERM
+/// still does.
+#[test]
+fn a_run_under_nohup_outlives_a_hangup() {
+    if !require_root("a_run_under_nohup_outlives_a_hangup") {
+        return;
+    }
+    let registry = Registry::start().expect("registry starts");
+    let image = fnrun_tests::fixtures::sleeper(4399).push_to(&registry, "fns/sleep:nohup");
+    let cli = Cli::new().expect("cli");
+    let input = cli.write_file("input.yaml", SAMPLE).expect("input");
+    let mut cmd = std::process::Command::new("nohup");
+    cmd.arg(fnrun_tests::fnrun_bin())
+        .args(["run", "--cache-dir"])
+        .arg(cli.cache_dir())
+        .args([image.as_str(), input.as_str()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut fnrun = fnrun_tests::process::die_with_parent(&mut cmd)
+        .spawn()
+        .expect("nohup fnrun run starts");
+    let running = fnrun_tests::wait_for(Duration::from_secs(120), || {
+        let pids = processes_with_argv(&["/bin/sleep", "4399"]);
+        (!pids.is_empty()).then_some(pids)
+    })
+    .expect("the function runs");
+    signal(&fnrun, Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        fnrun.try_wait().expect("wait").is_none(),
+        "a hangup stopped a run under nohup"
+    );
+    signal(&fnrun, Signal::SIGTERM);
+    let status = wait_timeout(&mut fnrun, Duration::from_secs(10)).expect("SIGTERM stops it");
+    assert_eq!(status.code(), Some(143), "{status}");
+    let left = fnrun_tests::fixtures::leftover_processes(&["/bin/sleep", "4399"], GONE_WITHIN);
+    kill_pids(&left);
+    assert!(left.is_empty(), "left {left:?} (was {running:?})");
 }
