@@ -162,7 +162,13 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
             images,
         } => {
             let r = rt.block_on(cache.remove(&images, dry_run))?;
-            let code = report(&r, dry_run, output);
+            // Nothing of what was named is cached: the errors below say so,
+            // with no line about 0 B freed.
+            let nothing = r.removed_refs.is_empty() && r.kept_in_use.is_empty();
+            let code = match nothing && output == OutputFormat::Text {
+                true => ExitCode::SUCCESS,
+                false => report(&r, dry_run, output),
+            };
             for image in &r.not_found {
                 eprintln!(
                     "fnrun: {}",

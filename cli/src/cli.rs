@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs, parse_cpu,
-    parse_size,
+    AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs,
+    parse_cpu_limit, parse_memory_limit,
 };
 use crate::serve::ServeArgs;
 
@@ -93,7 +93,9 @@ impl LogLevel {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the v1alpha1 ContainerizedFunctionRunnerService.
+    /// Serve functions sandboxed: Crossplane v1.14+ Function packages
+    /// (--functions, Kubernetes mode), Porch's function evaluator and the
+    /// v1alpha1 runner of Crossplane before v1.14.
     #[command(visible_alias = "start")]
     Serve(ServeArgs),
     /// Run one function and print its output FunctionIO (or, for a KRM
@@ -104,7 +106,7 @@ pub enum Command {
     /// Prints `REFERENCE DIGEST` for each image pulled, and a progress bar per layer on
     /// stderr when stderr is a terminal.
     Pull(PullArgs),
-    /// Manage the image cache: list, prune, verify.
+    /// Manage the image cache: list, inspect, rm, prune, verify.
     Cache(crate::cache_cmd::CacheCmdArgs),
     /// Serve or call one Crossplane v1 function (a Function package).
     Function(crate::function_cmd::FunctionArgs),
@@ -129,13 +131,18 @@ pub struct RunArgs {
     /// Never.
     #[arg(long, value_enum, ignore_case = true, default_value_t = PullPolicyArg::IfNotPresent)]
     pub image_pull_policy: PullPolicyArg,
-    #[arg(long, value_enum, default_value_t = NetworkPolicyArg::Isolated)]
+    /// The function's network: Isolated (none or isolated: loopback only,
+    /// in a network namespace of its own) or Runner (the host's network).
+    #[arg(long, value_enum, ignore_case = true, default_value_t = NetworkPolicyArg::Isolated)]
     pub network_policy: NetworkPolicyArg,
-    /// Memory limit (Kubernetes quantity, e.g. 128Mi).
-    #[arg(long, value_parser = parse_size)]
+    /// Memory limit: a Kubernetes quantity (128Mi, 1Gi; 1G is 10^9 bytes)
+    /// or podman's spelling, in binary units (128m, 1g, 100k, 512b); at
+    /// least 4Mi.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
     pub memory: Option<u64>,
-    /// CPU limit (Kubernetes quantity, e.g. 500m).
-    #[arg(long, value_parser = parse_cpu)]
+    /// CPU limit, more than 0: a Kubernetes quantity (500m is half a core,
+    /// 2 two cores).
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_limit)]
     pub cpu: Option<u64>,
     /// The function image: [docker://][REGISTRY/]REPO[:TAG][@DIGEST],
     /// oci:PATH[:TAG] or oci-archive:PATH[:TAG].
@@ -157,19 +164,24 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct PullArgs {
+    /// Images to pull: [docker://][REGISTRY/]REPO[:TAG][@DIGEST],
+    /// oci:PATH[:TAG] or oci-archive:PATH[:TAG].
+    #[arg(required = true)]
+    pub images: Vec<String>,
     /// Output format: text (`REFERENCE DIGEST` lines), json or yaml (a list
     /// of {image, reference, digest}, printed when every image is pulled).
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+    /// Print only each image's digest, and no progress bars (podman pull
+    /// -q).
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
     #[command(flatten)]
     pub cache: CacheArgs,
     #[command(flatten)]
     pub auth: AuthArgs,
     #[command(flatten)]
-    pub sandbox: SandboxArgs,
-    /// Images to pull.
-    #[arg(required = true)]
-    pub images: Vec<String>,
+    pub ids: crate::config::IdMapArgs,
 }
 
 #[cfg(test)]
@@ -241,6 +253,26 @@ mod tests {
             Cli::try_parse_from(["fnrun", "run", "--image-pull-policy", "sometimes", "img"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn network_policies_none_and_isolated_are_isolated() {
+        for (given, want) in [
+            ("none", "Isolated"),
+            ("isolated", "Isolated"),
+            ("Isolated", "Isolated"),
+            ("NONE", "Isolated"),
+            ("runner", "Runner"),
+            ("Runner", "Runner"),
+        ] {
+            let cli = Cli::try_parse_from(["fnrun", "run", "--network-policy", given, "img"])
+                .unwrap_or_else(|e| panic!("{given}: {e}"));
+            let Command::Run(r) = cli.command else {
+                panic!()
+            };
+            assert_eq!(format!("{:?}", r.network_policy), want, "{given}");
+        }
+        assert!(Cli::try_parse_from(["fnrun", "run", "--network-policy", "host", "img"]).is_err());
     }
 
     #[test]

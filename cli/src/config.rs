@@ -95,6 +95,35 @@ pub struct SandboxArgs {
     pub best_effort_limits: bool,
 }
 
+/// The id map of the layers a pull unpacks (`fnrun pull`: the sandbox's
+/// other flags are for runs).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Sandbox flags")]
+pub struct IdMapArgs {
+    /// First host uid of the 65536 ids mapped into sandboxes (privileged
+    /// runner): the owner of the files unpacked.
+    #[arg(long, default_value_t = 100000)]
+    pub map_root_uid: u32,
+    /// First host gid of the 65536 ids mapped into sandboxes (privileged
+    /// runner).
+    #[arg(long, default_value_t = 100000)]
+    pub map_root_gid: u32,
+}
+
+impl IdMapArgs {
+    /// The sandbox flags of a run with these ids and every other default.
+    pub fn sandbox(&self) -> SandboxArgs {
+        SandboxArgs {
+            map_root_uid: self.map_root_uid,
+            map_root_gid: self.map_root_gid,
+            max_output_bytes: 100 << 20,
+            seccomp_profile: None,
+            seccomp_unconfined: false,
+            best_effort_limits: false,
+        }
+    }
+}
+
 /// Kubernetes' spellings (`IfNotPresent`), kpt's (`ifNotPresent`) and any
 /// other case (`--image-pull-policy` is parsed ignoring case).
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -107,11 +136,15 @@ pub enum PullPolicyArg {
     Never,
 }
 
+/// `--network-policy`, as the v1alpha1 API's `NetworkPolicy`; `none` (as
+/// podman's and docker's `--network none`) is Isolated.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum NetworkPolicyArg {
-    #[value(name = "Isolated", alias = "isolated")]
+    /// Loopback only, in a network namespace of its own.
+    #[value(name = "Isolated", alias = "none")]
     Isolated,
-    #[value(name = "Runner", alias = "runner")]
+    /// The runner's (the host's) network.
+    #[value(name = "Runner")]
     Runner,
 }
 
@@ -119,8 +152,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     fnrun_api::quantity::parse_memory(s).map_err(|e| e.to_string())
 }
 
-pub fn parse_cpu(s: &str) -> Result<u64, String> {
-    fnrun_api::quantity::parse_cpu_millis(s).map_err(|e| e.to_string())
+/// `--memory`: a Kubernetes quantity or podman's spelling (binary units),
+/// at least the smallest limit a process can start in.
+pub fn parse_memory_limit(s: &str) -> Result<u64, String> {
+    fnrun_api::quantity::parse_memory_limit_cli(s).map_err(|e| e.to_string())
+}
+
+/// `--cpu`: a Kubernetes quantity above 0.
+pub fn parse_cpu_limit(s: &str) -> Result<u64, String> {
+    fnrun_api::quantity::parse_cpu_limit(s).map_err(|e| e.to_string())
 }
 
 pub fn parse_mode(s: &str) -> Result<u32, String> {

@@ -28,10 +28,10 @@ use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use tonic::metadata::MetadataMap;
 
 use crate::config::{
-    AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs, parse_cpu,
-    parse_size,
+    AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs,
+    parse_cpu_limit, parse_memory_limit,
 };
-use fnrun_core::error::{Class, LINE_MAX, bounded};
+use fnrun_core::error::{Class, bounded};
 use fnrun_core::runner::Admission;
 use fnrun_host::catalogue::{self, CredentialSource, FunctionDef, Mode};
 use fnrun_host::instance::Api;
@@ -72,19 +72,25 @@ pub enum ModeArg {
 /// How the function runs, for both commands.
 #[derive(Debug, Args)]
 pub struct FunctionOptions {
+    /// How the image is run: server (a Crossplane v1.14+ Function
+    /// package, its gRPC server started once) or functionio (an xfn-era
+    /// image, run per call on a FunctionIO).
     #[arg(long, value_enum, default_value_t = ModeArg::Server)]
     pub mode: ModeArg,
     /// When to pull the image: IfNotPresent (kpt: ifNotPresent), Always or
     /// Never.
     #[arg(long, value_enum, ignore_case = true, default_value_t = PullPolicyArg::IfNotPresent)]
     pub image_pull_policy: PullPolicyArg,
-    #[arg(long, value_enum, default_value_t = NetworkPolicyArg::Isolated)]
+    /// The function's network: Isolated (none or isolated: loopback only,
+    /// in a network namespace of its own) or Runner (the host's network).
+    #[arg(long, value_enum, ignore_case = true, default_value_t = NetworkPolicyArg::Isolated)]
     pub network_policy: NetworkPolicyArg,
-    /// Memory limit (Kubernetes quantity, e.g. 256Mi).
-    #[arg(long, value_parser = parse_size)]
+    /// Memory limit: a Kubernetes quantity (256Mi, 1Gi; 1G is 10^9 bytes)
+    /// or podman's spelling, in binary units (256m, 1g); at least 4Mi.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
     pub memory: Option<u64>,
-    /// CPU limit (Kubernetes quantity, e.g. 500m).
-    #[arg(long, value_parser = parse_cpu)]
+    /// CPU limit, more than 0: a Kubernetes quantity (500m is half a core).
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_limit)]
     pub cpu: Option<u64>,
     /// Processes and threads the function may have.
     #[arg(long)]
@@ -120,7 +126,9 @@ pub struct FunctionOptions {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Where to serve: HOST:PORT, unix:PATH or unix-abstract:NAME.
+    /// Where to serve: [tcp://]HOST:PORT (HOST a name, every address of it
+    /// listened on, or an address; :PORT: every address), unix:PATH or
+    /// unix-abstract:NAME.
     #[arg(long, default_value = "127.0.0.1:9443")]
     pub listen: String,
     /// Stop the server after this long without a call (0: never); the next
@@ -163,7 +171,7 @@ pub fn main(args: FunctionArgs) -> ExitCode {
     match args.command {
         FunctionCommand::Serve(args) => match serve(args) {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => crate::support::daemon_failed(&e, crate::support::EXIT_FAILED),
+            Err(e) => crate::support::daemon_failed(&e, crate::support::exit_code_of(&e)),
         },
         FunctionCommand::Call(args) => call(args),
     }
@@ -261,8 +269,10 @@ fn admission() -> Admission {
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::support::raise_open_files_limit();
     let idle = (!args.idle_timeout.is_zero()).then_some(args.idle_timeout);
-    let def = definition(&args.image, &args.options, idle, args.timeout)?;
-    let addr: ListenAddr = args.listen.parse().context("--listen")?;
+    let def = definition(&args.image, &args.options, idle, args.timeout)
+        .map_err(|e| crate::support::Usage(format!("{e:#}")))?;
+    let addrs = ListenAddr::resolve(&args.listen)
+        .map_err(|e| crate::support::Usage(format!("--listen {e:#}")))?;
     // A pool of one: the place of the function's spare sandbox, made when
     // its server stops for idleness (`fnrun_host`'s function module).
     let runner =
@@ -282,25 +292,36 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         function.prepare().await?;
         let (router, health) = listener::services(host.clone())?;
         listener::serving(&health, std::slice::from_ref(&name)).await;
-        let listener = addr.bind(args.socket_mode)?;
-        let socket_file = match &listener {
-            fnrun_transport::listen::Listener::Unix(_, path) => path.clone(),
-            fnrun_transport::listen::Listener::Tcp(_) => None,
-        };
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = listener::serve(router, listener, None, async move {
-            let _ = stop_rx.await;
-        });
-        tracing::info!(address = %addr, function = name, "serving the function (h2c)");
+        // Every address of the name given, each its own listener.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut servers = Vec::new();
+        let mut socket_files = Vec::new();
+        for addr in &addrs {
+            let listener = addr.bind(args.socket_mode)?;
+            if let fnrun_transport::listen::Listener::Unix(_, Some(path)) = &listener {
+                socket_files.push(path.clone());
+            }
+            let mut stop = stop_rx.clone();
+            servers.push(listener::serve(
+                router.clone(),
+                listener,
+                None,
+                async move {
+                    let _ = stop.wait_for(|stop| *stop).await;
+                },
+            ));
+            tracing::info!(address = %addr, function = name, "serving the function (h2c)");
+        }
         let signal = tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
         tracing::info!(signal, "stopping");
-        let _ = stop_tx.send(());
+        let _ = stop_tx.send(true);
         host.shutdown(Duration::from_secs(30)).await;
-        let _ = tokio::time::timeout(Duration::from_secs(30), server).await;
-        if let Some(path) = socket_file {
+        let _ =
+            tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(servers)).await;
+        for path in socket_files {
             let _ = std::fs::remove_file(path);
         }
         Ok(())
@@ -418,7 +439,7 @@ fn fatal_result(bytes: &[u8]) -> Option<String> {
 
 fn call(args: CallArgs) -> ExitCode {
     let fail = |code: u8, message: &dyn std::fmt::Display| {
-        eprintln!("fnrun: {}", bounded(message, LINE_MAX).replace('\n', "\\n"));
+        eprintln!("fnrun: {}", crate::support::error_line(message));
         ExitCode::from(code)
     };
     let request = match read_request(&args.request) {
@@ -442,6 +463,17 @@ fn call(args: CallArgs) -> ExitCode {
         Err(e) => return fail(crate::support::EXIT_FAILED, &format!("{e:#}")),
     };
     rt.block_on(async move {
+        // Before the server starts: SIGINT, SIGTERM or SIGHUP stops it and
+        // removes its sandbox, then fnrun exits 128 + the signal.
+        let mut signals = match crate::support::StopSignals::install() {
+            Ok(signals) => signals,
+            Err(e) => {
+                return fail(
+                    crate::support::EXIT_FAILED,
+                    &format!("cannot install the signal handlers: {e}"),
+                );
+            }
+        };
         let name = def.name.clone();
         let host = Host::new(Arc::new(runner), Routing::Single, Arc::default());
         let catalogue = Catalogue::new([def]).expect("one function");
@@ -449,21 +481,30 @@ fn call(args: CallArgs) -> ExitCode {
         let function = host
             .function(&name)
             .expect("the function is in the catalogue");
-        let result = match function.prepare().await {
-            Err(e) => Err(CallError::Failed(e)),
-            Ok(()) => {
-                host.call(
-                    &Route::default(),
-                    Api::V1,
-                    Bytes::from(request),
-                    MetadataMap::new(),
-                    Some(CallDeadline::from_now(args.timeout)),
-                )
-                .await
+        let work = async {
+            match function.prepare().await {
+                Err(e) => Err(CallError::Failed(e)),
+                Ok(()) => {
+                    host.call(
+                        &Route::default(),
+                        Api::V1,
+                        Bytes::from(request),
+                        MetadataMap::new(),
+                        Some(CallDeadline::from_now(args.timeout)),
+                    )
+                    .await
+                }
             }
         };
-        // The server stops, and is cleaned up, before the answer is printed.
-        host.shutdown(Duration::from_secs(10)).await;
+        let result = signals.until(work).await;
+        // The server stops, and is cleaned up, before the answer is printed
+        // (at once when a signal stopped the call: nothing is in flight).
+        let grace = if result.is_ok() { 10 } else { 2 };
+        host.shutdown(Duration::from_secs(grace)).await;
+        let result = match result {
+            Ok(result) => result,
+            Err(stopped) => return stopped.report(),
+        };
         match result {
             Ok(response) => {
                 let bytes = response.into_inner();

@@ -70,8 +70,17 @@ pub struct KrmArgs {
     /// ResourceList), `unwrap` (the resources as YAML documents) or a new
     /// directory. Default: a package directory given as the input is
     /// written back in place; otherwise a ResourceList is printed.
-    #[arg(long, short = 'o', value_name = "stdout|unwrap|DIR", value_parser = Output::parse)]
+    #[arg(long, value_name = "stdout|unwrap|DIR", value_parser = Output::parse, conflicts_with_all = ["output_dir", "format"])]
     pub output: Option<Output>,
+    /// Write the function's resources to DIR, a new directory (as kpt's
+    /// --output DIR).
+    #[arg(long, value_name = "DIR", conflicts_with = "format")]
+    pub output_dir: Option<PathBuf>,
+    /// Print the function's resources as a ResourceList in this format:
+    /// json or yaml (kpt's stdout and unwrap too). A directory is
+    /// --output DIR.
+    #[arg(short = 'o', value_name = "json|yaml", value_parser = Output::parse_format)]
+    pub format: Option<Output>,
     /// The function's configuration as key=value pairs, after `--`: a
     /// ConfigMap named function-input, as kpt builds it.
     #[arg(last = true, value_name = "KEY=VALUE")]
@@ -79,6 +88,15 @@ pub struct KrmArgs {
 }
 
 impl KrmArgs {
+    /// Where the resources go, from whichever of `--output`, `--output-dir`
+    /// and `-o` was given.
+    pub fn output(&self) -> Option<Output> {
+        self.output
+            .clone()
+            .or_else(|| self.output_dir.clone().map(Output::Dir))
+            .or_else(|| self.format.clone())
+    }
+
     /// The first flag given that only a KRM function takes, for the error
     /// when the input is a FunctionIO.
     pub fn krm_only_flag(&self) -> Option<&'static str> {
@@ -90,6 +108,8 @@ impl KrmArgs {
             (self.results_dir.is_some(), "--results-dir"),
             (self.quiet, "--quiet"),
             (self.output.is_some(), "--output"),
+            (self.output_dir.is_some(), "--output-dir"),
+            (self.format.is_some(), "-o"),
             (!self.fn_args.is_empty(), "-- KEY=VALUE"),
         ]
         .into_iter()
@@ -247,7 +267,7 @@ pub enum PrepareError {
 /// Applies the KRM flags to `req`: its function configuration, environment,
 /// mounts and user.
 pub fn prepare(req: &mut RunRequest, args: &KrmArgs) -> Result<(), PrepareError> {
-    if let Some(Output::Dir(dir)) = &args.output
+    if let Some(Output::Dir(dir)) = &args.output()
         && std::fs::symlink_metadata(dir).is_ok()
     {
         return Err(FlagError::OutputExists(Quoted::new(&dir.to_string_lossy())).into());
@@ -322,7 +342,10 @@ pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs, source: &Source
         return ExitCode::from(crate::support::EXIT_USAGE);
     }
     let start = Instant::now();
-    let result = crate::support::current_thread_runtime().block_on(runner.run(req));
+    let result = match crate::support::block_on_stoppable(runner.run(req)) {
+        Ok(result) => result,
+        Err(code) => return code,
+    };
     let elapsed = start.elapsed();
     let (output, report, code) = match &result {
         Ok(out) => {
@@ -391,7 +414,8 @@ pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs, source: &Source
         }
     };
     let mut code = ExitCode::from(code);
-    let verbatim = matches!(source, Source::ResourceList) && args.output.is_none();
+    let output_to = args.output();
+    let verbatim = matches!(source, Source::ResourceList) && output_to.is_none();
     let mut write_error = None;
     let written;
     let output = match (&result, verbatim) {
@@ -401,7 +425,7 @@ pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs, source: &Source
                 .resource_list
                 .as_ref()
                 .expect("a KRM run's output is read");
-            match package::write(list, source, args.output.as_ref()) {
+            match package::write(list, source, output_to.as_ref()) {
                 Ok(bytes) => {
                     written = bytes;
                     Some(&written[..])

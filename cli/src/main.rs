@@ -67,20 +67,9 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, level, default_level);
     match cli.command {
         Command::Serve(args) => match serve::serve(args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                // A functions file that is not valid is a usage error, as a
-                // bad flag is.
-                let code = if e
-                    .chain()
-                    .any(|c| c.is::<fnrun_host::catalogue::CatalogueError>())
-                {
-                    EXIT_USAGE
-                } else {
-                    EXIT_FAILED
-                };
-                daemon_failed(&e, code)
-            }
+            Ok(None) => ExitCode::SUCCESS,
+            Ok(Some(stopped)) => ExitCode::from(stopped.exit_code()),
+            Err(e) => daemon_failed(&e, support::exit_code_of(&e)),
         },
         Command::Run(args) => run(args),
         Command::Pull(args) => pull(args),
@@ -108,6 +97,10 @@ fn init_logging(format: LogFormat, level: Option<LogLevel>, default_level: LogLe
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
+    support::JSON_LOGS.store(
+        matches!(format, LogFormat::Json),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -131,6 +124,13 @@ fn run(args: RunArgs) -> ExitCode {
         }
     };
     let krm = source.is_some();
+    if !krm && let Some(field) = run_function_request_field(&input) {
+        eprintln!(
+            "fnrun: the input is a RunFunctionRequest (it has `{field}`), not a FunctionIO: \
+             call a Crossplane v1.14+ Function package with `fnrun function call IMAGE FILE`"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     if !krm && let Some(flag) = args.krm.krm_only_flag() {
         eprintln!(
             "fnrun: {flag} is for KRM functions, and the input is not a ResourceList \
@@ -184,7 +184,11 @@ fn run(args: RunArgs) -> ExitCode {
     if let Some(source) = &source {
         return krm::run(&runner, req, &args.krm, source);
     }
-    match current_thread_runtime().block_on(runner.run(req)) {
+    let result = match support::block_on_stoppable(runner.run(req)) {
+        Ok(result) => result,
+        Err(code) => return code,
+    };
+    match result {
         Ok(out) => {
             let mut stdout = std::io::stdout().lock();
             if stdout
@@ -194,13 +198,67 @@ fn run(args: RunArgs) -> ExitCode {
             {
                 return ExitCode::from(EXIT_FAILED);
             }
-            ExitCode::SUCCESS
+            // A Fatal result fails the composition: exit 1 and name it, as
+            // `function call` and a KRM function's error result do.
+            match fatal_result(&out.output) {
+                Some(message) => {
+                    eprintln!(
+                        "fnrun: {}",
+                        error_line(&format!("the function returned a fatal result: {message}"))
+                    );
+                    ExitCode::from(EXIT_FAILED)
+                }
+                None => ExitCode::SUCCESS,
+            }
         }
         Err(e) => {
-            eprintln!("fnrun: {}", error_line(&e));
+            // A Function package (a gRPC server) run as a FunctionIO
+            // function waits for calls until the timeout.
+            let hint = match e {
+                fnrun_core::error::RunError::TimedOut { .. } => {
+                    " (if the image is a Crossplane v1.14+ Function package, a gRPC server, \
+                     call it with `fnrun function call IMAGE REQUEST`)"
+                }
+                _ => "",
+            };
+            eprintln!("fnrun: {}", error_line(&format!("{e}{hint}")));
             ExitCode::from(e.class().exit_code())
         }
     }
+}
+
+/// The first field of a v1 RunFunctionRequest that no FunctionIO has, if
+/// `input` is a YAML or JSON mapping with one and no `kind`: such input is
+/// for `fnrun function call`.
+fn run_function_request_field(input: &[u8]) -> Option<&'static str> {
+    const FIELDS: [&str; 8] = [
+        "meta",
+        "input",
+        "context",
+        "extraResources",
+        "extra_resources",
+        "requiredResources",
+        "required_resources",
+        "credentials",
+    ];
+    fnrun_api::yaml_bounds::check(input).ok()?;
+    let value: serde_norway::Value = serde_norway::from_slice(input).ok()?;
+    let mapping = value.as_mapping()?;
+    if mapping.contains_key("kind") {
+        return None;
+    }
+    FIELDS.into_iter().find(|f| mapping.contains_key(*f))
+}
+
+/// The first Fatal result's message of an output FunctionIO, if it has one.
+fn fatal_result(output: &[u8]) -> Option<String> {
+    use fnrun_api::functionio::{Severity, validate};
+    validate(output)
+        .ok()?
+        .results
+        .into_iter()
+        .find(|r| r.severity == Severity::Fatal)
+        .map(|r| r.message)
 }
 
 /// Prints a command line error and exits, as clap does, but with the message
@@ -271,7 +329,7 @@ fn read_input(path: &str) -> std::io::Result<Vec<u8>> {
 fn pull(args: PullArgs) -> ExitCode {
     let runner = match config::build_runner(
         &args.cache,
-        &args.sandbox,
+        &args.ids.sandbox(),
         fnrun_core::runner::Admission::ONE,
     ) {
         Ok(r) => r,
@@ -280,12 +338,27 @@ fn pull(args: PullArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
+    // Every reference is checked before anything is pulled: one that is
+    // not a reference is a usage error.
+    let mut references = Vec::new();
+    for image in &args.images {
+        match runner.cache().parse_reference(image) {
+            Ok(reference) => references.push(reference),
+            Err(e) => {
+                eprintln!(
+                    "fnrun: {}",
+                    error_line(&pull_failure(image, &PullError::Cache(e)))
+                );
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    }
     let rt = current_thread_runtime();
     // Bars on a terminal only: piped or logged output stays one line per image.
-    let terminal = std::io::stderr().is_terminal();
+    let terminal = std::io::stderr().is_terminal() && !args.quiet;
     let mut code = ExitCode::SUCCESS;
     let mut pulled = Vec::new();
-    for image in &args.images {
+    for (image, reference) in args.images.iter().zip(&references) {
         let bars = terminal.then(|| Arc::new(progress::LayerBars::stderr()));
         let result = rt.block_on(async {
             let found = fnrun_registry::credentials::find_credentials(
@@ -293,12 +366,11 @@ fn pull(args: PullArgs) -> ExitCode {
                 image,
                 args.auth.authfile.as_deref(),
             )?;
-            let reference = runner.cache().parse_reference(image)?;
             let mut options = GetOptions::new(PullPolicy::Always).credentials(found.credentials);
             if let Some(bars) = &bars {
                 options = options.progress(bars.clone());
             }
-            let got = runner.cache().get(&reference, options).await;
+            let got = runner.cache().get(reference, options).await;
             Ok::<_, PullError>(got.map_err(|e| e.noted(found.note.as_deref()))?.image)
         });
         // Every bar is finished or stopped before anything else is printed.
@@ -306,6 +378,9 @@ fn pull(args: PullArgs) -> ExitCode {
             bars.close();
         }
         match result {
+            Ok(img) if args.output == OutputFormat::Text && args.quiet => {
+                println!("{}", img.digest)
+            }
             Ok(img) if args.output == OutputFormat::Text => {
                 println!("{} {}", img.reference, img.digest)
             }
@@ -382,11 +457,56 @@ mod tests {
     }
 
     #[test]
+    fn a_run_function_request_is_told_from_a_functionio() {
+        assert_eq!(
+            run_function_request_field(b"meta: {tag: t}\nobserved: {}\n"),
+            Some("meta")
+        );
+        assert_eq!(
+            run_function_request_field(br#"{"observed": {}, "input": {}}"#),
+            Some("input")
+        );
+        assert_eq!(
+            run_function_request_field(b"observed: {}\ndesired: {}\n"),
+            None
+        );
+        assert_eq!(
+            run_function_request_field(b"kind: FunctionIO\nmeta: {}\n"),
+            None
+        );
+        assert_eq!(run_function_request_field(b"a: [\n"), None);
+    }
+
+    #[test]
+    fn a_fatal_result_is_found() {
+        let io = |results: &str| {
+            format!(
+                "apiVersion: apiextensions.crossplane.io/v1alpha1\nkind: FunctionIO\nobserved: {{composite: {{resource: {{}}}}}}\nresults: {results}\n"
+            )
+        };
+        assert_eq!(
+            fatal_result(
+                io("[{severity: Normal, message: ok}, {severity: Fatal, message: no}]").as_bytes()
+            ),
+            Some("no".to_owned())
+        );
+        assert_eq!(
+            fatal_result(io("[{severity: Warning, message: hm}]").as_bytes()),
+            None
+        );
+    }
+
+    #[test]
     fn error_lines_are_one_bounded_line() {
-        assert_eq!(error_line(&"a\nb\n"), "a\\nb");
-        let line = error_line(&format!("{}\n", "z\n".repeat(1 << 20)));
+        use crate::support::error_text;
+        assert_eq!(error_text(&"a\nb\n", false), "a\\nb");
+        let line = error_text(&format!("{}\n", "z\n".repeat(1 << 20)), false);
         assert!(line.len() <= LINE_MAX, "{}", line.len());
         assert!(!line.contains('\n'));
+        // On a terminal, a function's stderr tail keeps its line breaks.
+        assert_eq!(error_text(&"a\nb\n", true), "a\nb");
+        let text = error_text(&format!("{}\n", "z\n".repeat(1 << 20)), true);
+        assert!(text.len() <= LINE_MAX, "{}", text.len());
     }
 
     #[test]

@@ -93,11 +93,13 @@ pub struct Package {
     files: BTreeMap<String, Vec<Mapping>>,
 }
 
-/// `--output`: where the function's resources go.
+/// `--output`, `--output-dir` and `-o`: where the function's resources go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
-    /// A ResourceList on stdout.
+    /// A ResourceList on stdout (YAML).
     Stdout,
+    /// A ResourceList on stdout, as JSON.
+    Json,
     /// The resources as multi-document YAML on stdout.
     Unwrap,
     /// A new directory, one file per path.
@@ -105,13 +107,28 @@ pub enum Output {
 }
 
 impl Output {
-    /// `stdout`, `unwrap`, or a directory.
+    /// `--output` as kpt's: `stdout`, `unwrap`, or a directory.
     pub fn parse(s: &str) -> Result<Output, String> {
         match s {
             "stdout" => Ok(Output::Stdout),
             "unwrap" => Ok(Output::Unwrap),
             "" => Err("expected stdout, unwrap or a directory".into()),
             dir => Ok(Output::Dir(PathBuf::from(dir))),
+        }
+    }
+
+    /// `-o`, a format as everywhere else in fnrun: `json` or `yaml` (a
+    /// ResourceList), and kpt's `stdout` and `unwrap`; never a directory.
+    pub fn parse_format(s: &str) -> Result<Output, String> {
+        match s {
+            "json" => Ok(Output::Json),
+            "yaml" | "stdout" => Ok(Output::Stdout),
+            "unwrap" => Ok(Output::Unwrap),
+            _ => Err(
+                "-o is a format: json, yaml, stdout or unwrap; write the resources to a \
+                 directory with --output DIR (or --output-dir DIR)"
+                    .into(),
+            ),
         }
     }
 }
@@ -174,6 +191,8 @@ pub enum OutputError {
         #[source]
         err: fnrun_api::YamlError,
     },
+    #[error("cannot write the ResourceList as JSON: {0}")]
+    Json(String),
 }
 
 /// Wraps a stream of YAML documents into a ResourceList as `kpt fn eval -`
@@ -581,7 +600,7 @@ pub fn write(
                 err,
             })
         }
-        (Some(Output::Stdout), _) | (None, None) => {
+        (Some(Output::Stdout | Output::Json), _) | (None, None) => {
             let items = placed
                 .into_iter()
                 .map(|p| {
@@ -603,13 +622,21 @@ pub fn write(
                     item
                 })
                 .collect();
-            ResourceList::new(items)
+            let yaml = ResourceList::new(items)
                 .to_yaml()
-                .map(String::into_bytes)
                 .map_err(|err| OutputError::Render {
                     path: Quoted::new("stdout"),
                     err,
-                })
+                })?;
+            if output != Some(&Output::Json) {
+                return Ok(yaml.into_bytes());
+            }
+            let value: serde_json::Value = serde_norway::from_str(&yaml)
+                .map_err(|e| OutputError::Json(fnrun_core::error::bounded(&e, 1024)))?;
+            let mut json = serde_json::to_vec_pretty(&value)
+                .map_err(|e| OutputError::Json(fnrun_core::error::bounded(&e, 1024)))?;
+            json.push(b'\n');
+            Ok(json)
         }
         (Some(Output::Dir(dir)), _) => {
             if std::fs::symlink_metadata(dir).is_ok() {
@@ -1155,6 +1182,17 @@ mod tests {
         assert_eq!(Output::parse("unwrap"), Ok(Output::Unwrap));
         assert_eq!(Output::parse("o"), Ok(Output::Dir("o".into())));
         assert!(Output::parse("").is_err());
+        // `-o` is a format: json, yaml (kpt's stdout and unwrap too).
+        assert_eq!(Output::parse_format("json"), Ok(Output::Json));
+        assert_eq!(Output::parse_format("yaml"), Ok(Output::Stdout));
+        assert_eq!(Output::parse_format("unwrap"), Ok(Output::Unwrap));
+        let e = Output::parse_format("out").unwrap_err();
+        assert!(e.contains("--output DIR"), "{e}");
+        let json = write(&list, &source, Some(&Output::Json)).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(value["kind"], "ResourceList");
+        let yaml: serde_json::Value = serde_norway::from_slice(&stdout).unwrap();
+        assert_eq!(value, yaml);
     }
 
     #[test]

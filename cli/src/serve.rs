@@ -4,7 +4,10 @@
 //!
 //! SIGTERM/SIGINT: health turns NOT_SERVING at once while every listener
 //! keeps serving for `--shutdown-delay`; then the listeners close, in-flight
-//! calls get `--shutdown-grace` to finish, and the daemon exits 0.
+//! calls get `--shutdown-grace` to finish, and the daemon exits 0. A second
+//! signal, at any point of that, stops it at once: the runs in flight are
+//! killed and their sandboxes removed, and it exits 128 + the signal's
+//! number (130 for SIGINT), as a process killed by it would.
 
 use std::sync::Arc;
 
@@ -21,6 +24,7 @@ use std::time::Duration;
 
 use crate::config::{CacheArgs, SandboxArgs, parse_mode, parse_size};
 use crate::functions_args::FunctionsArgs;
+use crate::support::{Stopped, Usage};
 use fnrun_core::metrics::dir_bytes;
 use fnrun_core::runner::Admission;
 use fnrun_core::runner::Runner;
@@ -43,8 +47,10 @@ pub const DEFAULT_SANDBOX_POOL: usize = fnrun_core::pool::PER_KIND;
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Address to serve the runner (v1alpha1) and Porch's evaluator on:
-    /// unix:PATH, unix-abstract:NAME or HOST:PORT. Repeatable; `none` turns
-    /// it off (with `--functions`: only functions are served).
+    /// unix:PATH, unix-abstract:NAME or [tcp://]HOST:PORT (HOST a name,
+    /// resolved at start and every address of it listened on, or an
+    /// address; :PORT: every address). Repeatable; `none` turns it off
+    /// (with `--functions`: only functions are served).
     #[arg(
         long = "listen",
         default_value = "unix-abstract:crossplane/fn/default.sock"
@@ -68,7 +74,8 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, how long health reports NOT_SERVING while new calls
     /// are still served, before the listeners close (so that Kubernetes and
     /// load balancers stop sending first); 0: close at once. A second signal
-    /// ends it.
+    /// (during the delay or the grace) stops at once, killing the runs in
+    /// flight, and exits 128 + its number.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = fnrun_api::duration::parse)]
     pub shutdown_delay: Duration,
     /// Once the listeners are closed, how long in-flight runs may take to
@@ -137,21 +144,29 @@ fn render_metrics(
     })
 }
 
-pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+/// Serves until a signal; `Some` when a second signal stopped it at once.
+pub fn serve(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
     crate::support::raise_open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the tokio runtime")?;
-    rt.block_on(serve_async(args))
+    let result = rt.block_on(serve_async(args));
+    // The tasks still running (after a second signal: the runs in flight)
+    // are dropped, which kills their runs and removes their sandboxes.
+    rt.shutdown_timeout(Duration::from_secs(10));
+    result
 }
 
-async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
+async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
     // Before anything listens: a SIGTERM or SIGINT that comes as soon as the
     // socket exists must stop the daemon gracefully, not be lost (an inherited
     // SIG_IGN, as in a non-interactive shell's background job) or kill it.
     let mut signals = Signals::install()?;
     let addrs = listen_addrs(&args.listen, args.functions.enabled())?;
+    if !args.functions.functions_kubernetes {
+        fnrun_host::daemon::check_flags(&args.functions.config())?;
+    }
     if addrs.is_empty() {
         tracing::info!("the runner's listener is off (--listen none): only functions are served");
     }
@@ -308,7 +323,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     // daemon stops as on a signal, and exits with its error.
     let mut controller_failed = None;
     let signal = tokio::select! {
-        signal = signals.next() => signal,
+        signal = signals.next() => signal.name,
         ended = async { controller.as_mut().expect("only polled with a controller").await },
             if controller.is_some() =>
         {
@@ -329,7 +344,8 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(
         signal,
         delay = ?args.shutdown_delay,
-        "shutting down: health reports NOT_SERVING; new calls are served for the shutdown delay"
+        "shutting down: health reports NOT_SERVING; new calls are served for the shutdown delay \
+         (a second SIGINT or SIGTERM stops at once, killing the runs in flight)"
     );
     readiness.stop();
     for service in ["", RUNNER_SERVICE, EVALUATOR_SERVICE] {
@@ -340,27 +356,63 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(functions) = &functions {
         functions.not_serving().await;
     }
+    // A second signal, during the delay or the drain, stops at once.
+    let mut forced = None;
     if !args.shutdown_delay.is_zero() {
         tokio::select! {
             () = tokio::time::sleep(args.shutdown_delay) => {}
-            second = signals.next() => tracing::info!(signal = second, "second signal: the shutdown delay ends now"),
+            second = signals.next() => forced = Some(second),
         }
     }
-    tracing::info!(grace = ?args.shutdown_grace, "closing the listeners: draining in-flight calls");
     let _ = shutdown_tx.send(true);
-    // In-flight runs get the grace period; then their tasks are aborted, which
-    // drops their sandboxes and so kills them.
-    let functions_stopped = async {
-        if let Some(functions) = functions {
-            functions.stop(args.shutdown_grace).await;
+    let drained = match forced {
+        Some(_) => None,
+        None => {
+            tracing::info!(grace = ?args.shutdown_grace, "closing the listeners: draining in-flight calls");
+            // In-flight runs get the grace period; then their tasks are
+            // aborted, which drops their sandboxes and so kills them.
+            let functions_stopped = async {
+                if let Some(functions) = functions {
+                    functions.stop(args.shutdown_grace).await;
+                }
+            };
+            let drain = futures::future::join_all(servers.iter_mut());
+            let both = async {
+                tokio::join!(
+                    tokio::time::timeout(args.shutdown_grace, drain),
+                    functions_stopped
+                )
+                .0
+            };
+            tokio::select! {
+                drained = both => Some(drained),
+                second = signals.next() => {
+                    forced = Some(second);
+                    None
+                }
+            }
         }
     };
-    let drain = futures::future::join_all(servers.iter_mut());
-    let (drained, ()) = tokio::join!(
-        tokio::time::timeout(args.shutdown_grace, drain),
-        functions_stopped
-    );
-    match drained {
+    if let Some(second) = forced {
+        tracing::warn!(
+            signal = second.name,
+            "second signal: stopping at once; the runs in flight are killed"
+        );
+        for server in &servers {
+            server.abort();
+        }
+        if let Some(task) = metrics_task {
+            task.abort();
+        }
+        if let Some(controller) = controller {
+            controller.abort();
+        }
+        for path in socket_files {
+            let _ = std::fs::remove_file(&path);
+        }
+        return Ok(Some(second));
+    }
+    match drained.expect("drained unless forced") {
         Ok(results) => {
             for result in results {
                 match result {
@@ -401,24 +453,36 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<()> {
         return Err(error);
     }
     tracing::info!("stopped");
-    Ok(())
+    Ok(None)
 }
 
 /// The addresses of `--listen`; `none`, alone, turns the runner's listener
 /// off, which leaves only the functions listener (`--functions`) to serve.
+/// A host name is resolved now, and each of its addresses listened on.
+/// Every error is a usage error.
 fn listen_addrs(listen: &[String], functions: bool) -> anyhow::Result<Vec<ListenAddr>> {
     if !listen.iter().any(|a| a == "none") {
-        return listen.iter().map(|a| a.parse()).collect();
+        let mut addrs = Vec::new();
+        for given in listen {
+            let resolved = ListenAddr::resolve(given)
+                .map_err(|e| Usage(format!("--listen {}", crate::support::error_line(&e))))?;
+            for addr in resolved {
+                if !addrs.contains(&addr) {
+                    addrs.push(addr);
+                }
+            }
+        }
+        return Ok(addrs);
     }
     if listen.len() > 1 {
-        bail!(
-            "--listen none turns the runner's listener off: give it alone, without other --listen addresses"
-        );
+        bail!(Usage(
+            "--listen none turns the runner's listener off: give it alone, without other --listen addresses".to_owned()
+        ));
     }
     if !functions {
-        bail!(
-            "--listen none leaves nothing to serve: give --functions FILE or --function NAME=IMAGE too"
-        );
+        bail!(Usage(
+            "--listen none leaves nothing to serve: give --functions FILE or --function NAME=IMAGE too".to_owned()
+        ));
     }
     Ok(Vec::new())
 }
@@ -502,13 +566,14 @@ impl Signals {
         })
     }
 
-    /// The name of the next of them that arrives (or arrived since
-    /// `install`, or since the last call).
-    async fn next(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.term.recv() => "SIGTERM",
-            _ = self.int.recv() => "SIGINT",
-        }
+    /// The next of them that arrives (or arrived since `install`, or since
+    /// the last call).
+    async fn next(&mut self) -> Stopped {
+        let (name, number) = tokio::select! {
+            _ = self.term.recv() => ("SIGTERM", libc::SIGTERM),
+            _ = self.int.recv() => ("SIGINT", libc::SIGINT),
+        };
+        Stopped { name, number }
     }
 }
 
@@ -527,7 +592,15 @@ mod tests {
                 ListenAddr::Tcp("127.0.0.1:9443".parse().unwrap())
             ]
         );
+        assert!(
+            listen_addrs(&strings(&["localhost:9443"]), false)
+                .unwrap()
+                .contains(&ListenAddr::Tcp("127.0.0.1:9443".parse().unwrap()))
+        );
+        let err = listen_addrs(&strings(&["127.0.0.1:80000"]), false).unwrap_err();
+        assert!(err.is::<Usage>(), "{err}");
         let err = listen_addrs(&strings(&["none", "127.0.0.1:1"]), true).unwrap_err();
+        assert!(err.is::<Usage>(), "{err}");
         assert!(err.to_string().contains("give it alone"), "{err}");
         let err = listen_addrs(&strings(&["none"]), false).unwrap_err();
         assert!(err.to_string().contains("--functions"), "{err}");

@@ -5,7 +5,8 @@
 //! From a DeploymentRuntimeConfig (`spec.deploymentTemplate`), the container
 //! named `package-runtime` gives, as Crossplane's Deployment runtime would:
 //! - `resources.limits.memory` and `resources.limits.cpu`: the function's
-//!   cgroup limits (requests are not limits, and are ignored);
+//!   cgroup limits, at least 4Mi and more than 0 (requests are not limits,
+//!   and are ignored);
 //! - `env` entries with a `value` (`valueFrom` needs the kubelet: ignored);
 //! - `args`: appended to the function's arguments (after `--insecure`).
 //!
@@ -113,19 +114,13 @@ pub fn runtime_settings(
     if let Some(memory) = limits.get("memory") {
         let field = format!("{at}.resources.limits.memory");
         let text = quantity_text(memory).ok_or_else(|| bad(&field, "not a quantity".into()))?;
-        let bytes = quantity::parse_memory(&text).map_err(|e| bad(&field, e.to_string()))?;
-        if bytes == 0 {
-            return Err(bad(&field, "zero".into()));
-        }
+        let bytes = quantity::parse_memory_limit(&text).map_err(|e| bad(&field, e.to_string()))?;
         settings.limits.memory_bytes = Some(bytes);
     }
     if let Some(cpu) = limits.get("cpu") {
         let field = format!("{at}.resources.limits.cpu");
         let text = quantity_text(cpu).ok_or_else(|| bad(&field, "not a quantity".into()))?;
-        let millis = quantity::parse_cpu_millis(&text).map_err(|e| bad(&field, e.to_string()))?;
-        if millis == 0 {
-            return Err(bad(&field, "zero".into()));
-        }
+        let millis = quantity::parse_cpu_limit(&text).map_err(|e| bad(&field, e.to_string()))?;
         settings.limits.cpu_millis = Some(millis);
     }
     if container["resources"].get("requests").is_some() {
@@ -304,6 +299,14 @@ mod tests {
             (
                 json!({"resources": {"limits": {"cpu": "0"}}}),
                 "resources.limits.cpu",
+            ),
+            (
+                json!({"resources": {"limits": {"memory": "128m"}}}),
+                "resources.limits.memory: \"128m\" is 128 thousandths of a byte",
+            ),
+            (
+                json!({"resources": {"limits": {"memory": "0"}}}),
+                "resources.limits.memory",
             ),
             (
                 json!({"resources": {"limits": {"cpu": true}}}),

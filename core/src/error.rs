@@ -151,7 +151,7 @@ pub enum RunError {
     TimedOut { timeout: Duration, stderr: String },
     #[error("function exceeded its memory limit of {} and was killed{}", format_memory(*.limit), stderr_suffix(.stderr))]
     OutOfMemory { limit: u64, stderr: String },
-    #[error("function output exceeds the limit of {limit} bytes")]
+    #[error("function output exceeds the limit of {} (the runner's --max-output-bytes)", format_memory(*.limit as u64))]
     OutputTooLarge { limit: usize },
     #[error("function output is {error}{}", stderr_suffix(.stderr))]
     InvalidOutput {
@@ -334,6 +334,15 @@ impl RunError {
 mod tests {
     use super::*;
     use tonic::{Code, Status};
+
+    #[test]
+    fn the_output_limit_names_its_flag() {
+        let e = RunError::OutputTooLarge { limit: 100 << 20 };
+        assert_eq!(
+            e.to_string(),
+            "function output exceeds the limit of 100Mi (the runner's --max-output-bytes)"
+        );
+    }
 
     #[test]
     fn messages_carry_the_stderr_tail() {

@@ -121,7 +121,7 @@ pub fn v1_mapping(data: &[u8]) {
 }
 
 /// Quantities: a parsed memory size or CPU amount prints back to one that
-/// parses to the same value.
+/// parses to the same value; a limit is never below its floor.
 pub fn quantity(data: &[u8]) {
     let Ok(s) = std::str::from_utf8(data) else {
         return;
@@ -139,6 +139,20 @@ pub fn quantity(data: &[u8]) {
             Ok(millis),
             "{s:?}"
         );
+    }
+    // Limits: never below the floor, and a number of bytes means bytes on
+    // the command line too.
+    for parse in [
+        quantity::parse_memory_limit,
+        quantity::parse_memory_limit_cli,
+    ] {
+        if let Ok(bytes) = parse(s) {
+            assert!(bytes >= quantity::MIN_MEMORY_BYTES, "{s:?}: {bytes}");
+            assert_eq!(parse(&bytes.to_string()), Ok(bytes), "{s:?}");
+        }
+    }
+    if let Ok(millis) = quantity::parse_cpu_limit(s) {
+        assert!(millis > 0, "{s:?}");
     }
 }
 

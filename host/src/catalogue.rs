@@ -429,19 +429,13 @@ impl RawFunction {
         let mut limits = Limits::default();
         if let Some(r) = self.resources {
             if let Some(memory) = r.memory {
-                let bytes =
-                    quantity::parse_memory(&memory).map_err(|e| ("resources.memory", e.into()))?;
-                if bytes == 0 {
-                    return Err(("resources.memory", FieldError::Zero));
-                }
+                let bytes = quantity::parse_memory_limit(&memory)
+                    .map_err(|e| ("resources.memory", e.into()))?;
                 limits.memory_bytes = Some(bytes);
             }
             if let Some(cpu) = r.cpu {
                 let millis =
-                    quantity::parse_cpu_millis(&cpu).map_err(|e| ("resources.cpu", e.into()))?;
-                if millis == 0 {
-                    return Err(("resources.cpu", FieldError::Zero));
-                }
+                    quantity::parse_cpu_limit(&cpu).map_err(|e| ("resources.cpu", e.into()))?;
                 limits.cpu_millis = Some(millis);
             }
             if let Some(pids) = r.pids {

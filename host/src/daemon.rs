@@ -145,6 +145,12 @@ struct TlsSetup {
     client_ca: PathBuf,
 }
 
+/// Flags that do not go together, or a value that cannot be used: the
+/// caller's usage error (exit 2 on the command line).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FlagError(pub String);
+
 /// Checks the flags' combination before anything starts.
 fn tls_setup(args: &FunctionsConfig, addr: &ListenAddr) -> anyhow::Result<Option<TlsSetup>> {
     if args.functions_insecure || !matches!(addr, ListenAddr::Tcp(_)) {
@@ -164,20 +170,36 @@ fn tls_setup(args: &FunctionsConfig, addr: &ListenAddr) -> anyhow::Result<Option
             }
         }
         (None, None, Some(dir)) => CertSource::Dir(dir.clone()),
-        _ => bail!(
+        _ => bail!(FlagError(format!(
             "the functions listener {addr} serves TLS: give --functions-ca-cert and --functions-ca-key \
              (certificates minted per function) or --functions-certs-dir DIR (DIR/NAME/tls.crt and tls.key), \
              and --functions-client-ca; or --functions-insecure for plain h2c"
-        ),
+        ))),
     };
     let Some(client_ca) = args.functions_client_ca.clone() else {
-        bail!(
+        bail!(FlagError(format!(
             "the functions listener {addr} requires client certificates (mTLS): give --functions-client-ca FILE \
              (Crossplane's client certificates are signed by its crossplane-root-ca); \
              or --functions-insecure for plain h2c"
-        );
+        )));
     };
     Ok(Some(TlsSetup { source, client_ca }))
+}
+
+/// Checks the functions flags that must go together (the listen address,
+/// the namespace, TLS), before anything starts: each error is a
+/// [`FlagError`].
+pub fn check_flags(args: &FunctionsConfig) -> anyhow::Result<()> {
+    if !args.enabled() {
+        return Ok(());
+    }
+    catalogue::check_dns_label(&args.functions_namespace)
+        .map_err(|e| FlagError(format!("--functions-namespace {e}")))?;
+    let addr: ListenAddr = args
+        .functions_listen
+        .parse()
+        .map_err(|e| FlagError(format!("--functions-listen {e:#}")))?;
+    tls_setup(args, &addr).map(drop)
 }
 
 /// Starts the function host if any function is configured.
@@ -193,12 +215,12 @@ pub async fn start(
         return Ok(None);
     }
     catalogue::check_dns_label(&args.functions_namespace)
-        .map_err(|e| anyhow::anyhow!("--functions-namespace {e}"))?;
+        .map_err(|e| FlagError(format!("--functions-namespace {e}")))?;
     let namespace = args.functions_namespace.clone();
     let addr: ListenAddr = args
         .functions_listen
         .parse()
-        .context("--functions-listen")?;
+        .map_err(|e| FlagError(format!("--functions-listen {e:#}")))?;
     let tls = tls_setup(args, &addr)?;
     let (catalogue, seen) =
         Catalogue::load_contents(args.functions_file.as_deref(), &args.function)?;
@@ -278,7 +300,10 @@ pub async fn start_external(
 ) -> anyhow::Result<(FunctionsDaemon, Arc<Serving>)> {
     catalogue::check_dns_label(&config.namespace)
         .map_err(|e| anyhow::anyhow!("--functions-namespace {e}"))?;
-    let addr: ListenAddr = config.listen.parse().context("--functions-listen")?;
+    let addr: ListenAddr = config
+        .listen
+        .parse()
+        .map_err(|e| FlagError(format!("--functions-listen {e:#}")))?;
     let tls = !config.insecure && matches!(addr, ListenAddr::Tcp(_));
     let (resolver, client_ca, server_config) = if tls {
         let resolver = Arc::new(SniResolver::new(

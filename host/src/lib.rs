@@ -188,7 +188,9 @@ impl Host {
         function_name(asked, namespace)
             .and_then(|name| functions.get(&name).cloned())
             .ok_or_else(|| HostError::UnknownFunction {
-                asked: Quoted::new(asked),
+                // The name asked for, as a function's is written: without
+                // the port of an authority.
+                asked: Quoted::new(routing::strip_port(asked.trim()).unwrap_or(asked)),
                 how,
                 known: known(),
             })

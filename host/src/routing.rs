@@ -32,7 +32,7 @@ pub fn function_name(host: &str, namespace: &str) -> Option<String> {
 }
 
 /// The host of `host[:port]`; `None` for a bracketed IPv6 literal.
-fn strip_port(authority: &str) -> Option<&str> {
+pub(crate) fn strip_port(authority: &str) -> Option<&str> {
     // A bracketed or bare IPv6 literal.
     if authority.starts_with('[') || authority.matches(':').count() > 1 {
         return None;

@@ -97,6 +97,27 @@ impl Cli {
         run_capture(&mut cmd, stdin, CLI_GUARD)
     }
 
+    /// Starts `fnrun SUBCOMMAND [--cache-dir DIR] ARGS...` in the
+    /// background, as [`Cli::run`] would run it, with stdin and stdout on
+    /// `/dev/null` and stderr piped; killed if the test's thread ends.
+    pub fn spawn(&self, args: &[&str]) -> Result<std::process::Child> {
+        let mut cmd = self.command();
+        if let Some((subcommand, rest)) = args.split_first() {
+            cmd.arg(subcommand);
+            if CACHE_COMMANDS.contains(subcommand) {
+                cmd.arg("--cache-dir").arg(self.cache_dir());
+            }
+            cmd.args(rest);
+        }
+        cmd.env("FNRUN_CACHE_DIR", self.cache_dir())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        crate::process::die_with_parent(&mut cmd)
+            .spawn()
+            .with_context(|| format!("cannot start fnrun {args:?}"))
+    }
+
     /// Runs `fnrun ARGS...` as given, without this CLI's cache: neither
     /// `--cache-dir` nor `$FNRUN_CACHE_DIR` is set, and `env` is applied last
     /// (a `None` value unsets the variable). It runs in the scratch dir, so a

@@ -340,6 +340,11 @@ fn inspect_rm_dry_runs_and_structured_output() {
         "{}",
         out.describe()
     );
+    // Only a missing image: its error, and no line about 0 B freed.
+    let out = cli.run(&["cache", "rm", &missing], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert_eq!(out.stdout, "", "{}", out.describe());
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.describe());
     let out = cli.run(&["cache", "list", "-o", "json"], None);
     let left: Vec<String> = json(&out)
         .as_array()

@@ -214,3 +214,92 @@ fn skopeo_transports_docker_taken_docker_archive_refused_with_what_to_use() {
     );
     assert_eq!(out.stderr.lines().count(), 1, "{}", out.describe());
 }
+
+#[test]
+fn help_says_what_each_command_and_flag_is() {
+    // `pull -h`: its images are its argument, not a sandbox flag, and the
+    // sandbox's run-only flags are not there.
+    let out = run_cli(&["pull", "-h"], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let sandbox = out
+        .stdout
+        .split("Sandbox flags:")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        !sandbox.contains("IMAGES") && !sandbox.contains("--max-output-bytes"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("Arguments:") && out.stdout.contains("--quiet"),
+        "{}",
+        out.stdout
+    );
+    let out = run_cli(&["cache", "--help"], None);
+    assert!(
+        out.stdout.contains("list, inspect, rm, prune, verify"),
+        "{}",
+        out.stdout
+    );
+    let out = run_cli(&["--help"], None);
+    let serve = out
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("serve"))
+        .unwrap_or_default();
+    assert!(
+        serve.contains("Crossplane v1.14+ Function packages"),
+        "{serve}"
+    );
+    let out = run_cli(&["run", "--help"], None);
+    assert!(
+        out.stdout
+            .contains("--network-policy <NETWORK_POLICY>\n          The function's network"),
+        "{}",
+        out.stdout
+    );
+    let out = run_cli(&["function", "call", "--help"], None);
+    assert!(
+        out.stdout
+            .contains("--mode <MODE>\n          How the image is run"),
+        "{}",
+        out.stdout
+    );
+    // `none`, as podman's `--network none`, is Isolated; never Runner.
+    let out = run_cli(
+        &[
+            "run",
+            "--network-policy",
+            "none",
+            "--memory",
+            "1",
+            "img",
+            "-",
+        ],
+        None,
+    );
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    assert!(
+        !out.stderr.contains("network-policy"),
+        "none is taken: {}",
+        out.describe()
+    );
+}
+
+#[test]
+fn pull_quiet_prints_only_digests() {
+    let registry = Registry::start().expect("registry starts");
+    let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let cli = Cli::new().expect("cli");
+    let out = cli.run(&["pull", "-q", &image], None);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", out.describe());
+    assert!(
+        lines[0].starts_with("sha256:") && !lines[0].contains(' '),
+        "{}",
+        out.describe()
+    );
+    assert!(out.stderr.is_empty(), "{}", out.describe());
+}

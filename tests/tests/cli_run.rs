@@ -73,6 +73,15 @@ fn timeout_exits_124_quickly_and_kills_the_function() {
     assert_eq!(out.code, Some(124), "{}", out.describe());
     assert!(out.elapsed < Duration::from_secs(15), "{}", out.describe());
     assert!(out.stdout.is_empty(), "{}", out.describe());
+    // A Function package (a gRPC server) waits so: the line says where to
+    // take one.
+    assert!(
+        out.stderr
+            .contains("call it with `fnrun function call IMAGE REQUEST`"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.describe());
     let left = fixtures::leftover_processes(&["sleep", "61"], Duration::from_secs(5));
     fixtures::kill_pids(&left);
     assert!(
@@ -207,6 +216,76 @@ fn run_on_a_terminal_says_it_reads_stdin() {
     assert_eq!(out.code, Some(2), "{}", out.describe());
     assert!(
         !out.stderr.contains("reading the input"),
+        "{}",
+        out.describe()
+    );
+}
+
+#[test]
+fn a_fatal_result_exits_1_and_is_named() {
+    let registry = registry();
+    let image = TestImage::script(
+        "#!/bin/sh\ncat >/dev/null\nprintf 'results:\\n- severity: Normal\\n  message: fine\\n- severity: Fatal\\n  message: no database\\n'\n",
+    )
+    .push_to(&registry, "fns/fatal:v1");
+    let cli = Cli::new().expect("cli");
+    let out = cli.run(&["run", &image, "-"], Some(SAMPLE.as_bytes()));
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert_eq!(
+        out.stderr,
+        "fnrun: the function returned a fatal result: no database\n",
+        "{}",
+        out.describe()
+    );
+    // The output FunctionIO is printed all the same, as Crossplane reads it.
+    assert!(out.stdout.contains("no database"), "{}", out.describe());
+    // Warnings are no failure.
+    let image = TestImage::script(
+        "#!/bin/sh\ncat >/dev/null\nprintf 'results:\\n- severity: Warning\\n  message: hm\\n'\n",
+    )
+    .push_to(&registry, "fns/warning:v1");
+    let out = cli.run(&["run", &image, "-"], Some(SAMPLE.as_bytes()));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+}
+
+#[test]
+fn a_functions_stderr_keeps_its_line_breaks_on_a_terminal() {
+    let registry = registry();
+    let image = TestImage::script("#!/bin/sh\necho first line >&2\necho second line >&2\nexit 3\n")
+        .push_to(&registry, "fns/two-lines:v1");
+    let cli = Cli::new().expect("cli");
+    let input = cli.write_file("input.yaml", SAMPLE).expect("input");
+    // Piped: one line, `\n` standing for the breaks.
+    let out = cli.run(&["run", &image, &input], None);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains("first line\\nsecond line"),
+        "{}",
+        out.describe()
+    );
+    // On a terminal: as the function wrote it.
+    let out = cli.run_on_terminal(&["run", &image, &input], b"");
+    assert!(
+        out.stdout.contains("first line\r\nsecond line"),
+        "{}",
+        out.describe()
+    );
+    assert!(!out.stdout.contains("\\n"), "{}", out.describe());
+}
+
+#[test]
+fn a_run_function_request_points_to_function_call() {
+    let cli = Cli::new().expect("cli");
+    let request =
+        "meta: {tag: t}\nobserved:\n  composite:\n    resource: {apiVersion: x/v1, kind: XR}\n";
+    let out = cli.run(
+        &["run", "example.org/fns/fn:v1", "-"],
+        Some(request.as_bytes()),
+    );
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    assert!(
+        out.stderr.contains("is a RunFunctionRequest")
+            && out.stderr.contains("fnrun function call IMAGE FILE"),
         "{}",
         out.describe()
     );

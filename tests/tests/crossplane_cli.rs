@@ -197,3 +197,26 @@ fn function_serve_hosts_one_function_for_crossplane_render() {
     assert!(status.success(), "{status:?}: {}", serve.log());
     assert!(!alive(pids[0]), "the function server outlived fnrun");
 }
+
+/// `function serve --listen localhost:PORT`, as its help says: each of the
+/// name's addresses.
+#[test]
+fn function_serve_listens_on_a_host_name() {
+    if !require_root("function_serve_listens_on_a_host_name") {
+        return;
+    }
+    let cli = Cli::new().unwrap();
+    let image = label_image();
+    let port = fnrun_tests::registry::free_port().unwrap();
+    let serve = cli
+        .function_serve_with(
+            &["--listen", &format!("localhost:{port}")],
+            &image.oci_ref(),
+        )
+        .expect("it serves");
+    let outcome = Call::insecure(&format!("127.0.0.1:{port}"))
+        .request(SAMPLE_REQUEST)
+        .run()
+        .unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}\n{}", serve.log());
+}

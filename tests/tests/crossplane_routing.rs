@@ -77,7 +77,7 @@ fn h2c_calls_are_routed_by_authority_in_every_form() {
     assert!(
         outcome
             .message
-            .contains("no function \"fn-delta.crossplane-system:9443\" here (:authority); functions: fn-alpha, fn-beta, fn-gamma"),
+            .contains("no function \"fn-delta.crossplane-system\" here (:authority); functions: fn-alpha, fn-beta, fn-gamma"),
         "{}",
         outcome.message
     );

@@ -217,7 +217,7 @@ fn output_stdout_unwrap_and_dir_are_kpts() {
     ok(fnrun(
         &cli,
         &o.image,
-        &[pkg_arg, "-o", fnrun_dir.to_str().unwrap()],
+        &[pkg_arg, "--output", fnrun_dir.to_str().unwrap()],
         &CHANGES,
         None,
     ));
@@ -288,8 +288,23 @@ fn what_kpt_refuses_fnrun_refuses_and_writes_nothing() {
     refused(&out, 1, "has path \"../evil.yaml\": outside the package");
     assert!(!o.dir.path().join("evil.yaml").exists());
     // --output DIR names a directory that exists: refused before the run.
-    let out = fnrun(&cli, &o.image, &[pkg_arg, "-o", pkg_arg], &[], None);
+    let out = fnrun(&cli, &o.image, &[pkg_arg, "--output", pkg_arg], &[], None);
     refused(&out, 2, "the directory already exists");
+    let out = fnrun(
+        &cli,
+        &o.image,
+        &[pkg_arg, "--output-dir", pkg_arg],
+        &[],
+        None,
+    );
+    refused(&out, 2, "the directory already exists");
+    // -o is a format, never a directory.
+    let out = fnrun(&cli, &o.image, &[pkg_arg, "-o", "out"], &[], None);
+    refused(
+        &out,
+        2,
+        "write the resources to a directory with --output DIR",
+    );
     // A file that is not KRM: kpt refuses the package, so does fnrun, by
     // the file's name.
     std::fs::write(pkg.join("values.yaml"), "replicas: 3\n").expect("write");

@@ -652,6 +652,45 @@ fn krm_flags_need_a_resourcelist() {
     );
 }
 
+/// `-o` is a format, as in every other command: `-o json` and `-o yaml`
+/// print the ResourceList so, and make no directory `./json`; a directory
+/// is kpt's `--output DIR` or `--output-dir DIR`.
+#[test]
+fn dash_o_is_a_format_and_the_directory_is_spelled_out() {
+    let registry = registry();
+    let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let cli = Cli::new().expect("cli");
+    let out = krm_ok(&cli, &["run", &image, "-o", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", out.describe()));
+    assert_eq!(json["kind"], "ResourceList", "{}", out.stdout);
+    assert_eq!(
+        json["items"][0]["metadata"]["name"], "web",
+        "{}",
+        out.stdout
+    );
+    let out = krm_ok(&cli, &["run", &image, "-o", "yaml"]);
+    let yaml: serde_json::Value = serde_norway::from_str(&out.stdout).expect("YAML");
+    assert_eq!(yaml, json);
+    for format in ["json", "yaml"] {
+        assert!(
+            !cli.scratch().join(format).exists(),
+            "-o {format} made a directory"
+        );
+    }
+    let out = krm_run(&cli, &["run", &image, "-o", "out"]);
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    assert!(out.stderr.contains("--output DIR"), "{}", out.describe());
+    assert!(!cli.scratch().join("out").exists());
+    let dir = cli.scratch().join("out-dir");
+    let out = krm_ok(
+        &cli,
+        &["run", &image, "--output-dir", dir.to_str().unwrap()],
+    );
+    assert!(out.stdout.is_empty(), "{}", out.describe());
+    assert!(dir.join("deployment.yaml").is_file(), "{}", out.describe());
+}
+
 /// Rootless: the runner maps one id, the caller's own, as 0: the function
 /// runs as that (nobody does not exist), with or without
 /// `--as-current-user`, and so writes as the caller.

@@ -58,11 +58,7 @@ fn listen_none_is_refused_with_other_addresses_or_nothing_to_serve() {
         ),
     ] {
         let out = cli.run(args, None);
-        assert!(
-            out.code.is_some_and(|c| c != 0),
-            "{args:?}: {}",
-            out.describe()
-        );
+        assert_eq!(out.code, Some(2), "{args:?}: {}", out.describe());
         assert!(out.stderr.contains(says), "{args:?}: {}", out.describe());
     }
 }

@@ -214,15 +214,67 @@ async fn calls_keep_being_served_during_the_shutdown_delay() {
 }
 
 #[test]
-fn a_second_signal_ends_the_shutdown_delay() {
+fn a_second_signal_stops_at_once_during_the_delay() {
     let mut daemon = Daemon::start(DaemonOpts::default().arg("--shutdown-delay=10m"))
         .expect("fnrun serve starts");
     daemon.signal(Signal::SIGTERM);
     std::thread::sleep(Duration::from_millis(300));
     assert!(daemon.try_wait().is_none(), "exited before the delay");
+    // The first signal says what a second one does.
+    assert!(
+        daemon
+            .log()
+            .contains("a second SIGINT or SIGTERM stops at once"),
+        "{}",
+        daemon.log()
+    );
     daemon.signal(Signal::SIGINT);
     let status = daemon
         .wait_exit(SHUTDOWN_GRACE)
-        .expect("the second signal ends the delay");
-    assert!(status.success(), "{status}");
+        .expect("the second signal stops the daemon");
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(daemon.socket().probe().is_err(), "no longer accepting");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_kills_the_runs_in_flight_at_once() {
+    let registry = Registry::start().expect("registry starts");
+    let image = fnrun_tests::fixtures::sleeper(4391).push_to(&registry, "fns/sleep:v1");
+    let mut daemon = Daemon::start(
+        DaemonOpts::default()
+            .arg("--shutdown-delay=0s")
+            .arg("--shutdown-grace=10m"),
+    )
+    .expect("fnrun serve starts");
+    let mut client = daemon.client().await.expect("connects");
+    let call = tokio::spawn(async move {
+        client::run_function(
+            &mut client,
+            Run::new(&image, SAMPLE)
+                .timeout(Duration::from_secs(600))
+                .build(),
+        )
+        .await
+    });
+    let running = fnrun_tests::wait_for(Duration::from_secs(120), || {
+        let pids = fnrun_tests::fixtures::processes_with_argv(&["/bin/sleep", "4391"]);
+        (!pids.is_empty()).then_some(pids)
+    })
+    .expect("the function runs");
+    daemon.signal(Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(daemon.try_wait().is_none(), "exited with a run in flight");
+    daemon.signal(Signal::SIGTERM);
+    let status = daemon
+        .wait_exit(Duration::from_secs(10))
+        .expect("the second signal stops the daemon at once");
+    assert_eq!(status.code(), Some(143), "{status}");
+    let left =
+        fnrun_tests::fixtures::leftover_processes(&["/bin/sleep", "4391"], Duration::from_secs(2));
+    fnrun_tests::fixtures::kill_pids(&left);
+    assert!(
+        left.is_empty(),
+        "the run was left: {left:?} (was {running:?})"
+    );
+    assert!(call.await.expect("task").is_err(), "the call failed");
 }

@@ -1,4 +1,9 @@
 //! Listen addresses: `unix:PATH`, `unix-abstract:NAME` and `HOST:PORT`.
+//!
+//! [`ListenAddr::from_str`] takes one address (an IP address and a port);
+//! [`ListenAddr::resolve`] also takes what a user types for a daemon's
+//! `--listen`: a host name (resolved at once, every address it has
+//! listened on), `:PORT` (every address), and a `tcp://` prefix.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -39,7 +44,85 @@ impl std::str::FromStr for ListenAddr {
         }
         s.parse::<SocketAddr>()
             .map(ListenAddr::Tcp)
-            .with_context(|| format!("{s:?} is not unix:PATH, unix-abstract:NAME or HOST:PORT"))
+            .with_context(|| format!("{s:?} is not unix:PATH, unix-abstract:NAME or IP:PORT"))
+    }
+}
+
+/// Why a listen address cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenAddrError {
+    #[error(
+        "{0:?} is not unix:PATH, unix-abstract:NAME or [tcp://]HOST:PORT (HOST a name or an \
+         address, or left out as in :PORT for every address)"
+    )]
+    Form(String),
+    #[error("{given:?}: the port {port:?} is not a number from 0 to 65535")]
+    Port { given: String, port: String },
+    #[error("{given:?}: cannot resolve {host:?}: {err}")]
+    Resolve {
+        given: String,
+        host: String,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("{given:?}: {host:?} has no address")]
+    NoAddress { given: String, host: String },
+}
+
+impl ListenAddr {
+    /// The addresses of a `--listen` value: as [`ListenAddr::from_str`],
+    /// and also `[tcp://]HOST:PORT` with HOST a name, resolved now (every
+    /// address it resolves to, in order, without repeats), and `:PORT`:
+    /// every address (`[::]`, which takes IPv4 too, or `0.0.0.0` on a host
+    /// without IPv6).
+    pub fn resolve(s: &str) -> Result<Vec<ListenAddr>, anyhow::Error> {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, ToSocketAddrs};
+        if s.starts_with("unix:") || s.starts_with("unix-abstract:") {
+            return s.parse().map(|a| vec![a]);
+        }
+        let tcp = s.strip_prefix("tcp://").unwrap_or(s);
+        if let Ok(addr) = tcp.parse::<SocketAddr>() {
+            return Ok(vec![ListenAddr::Tcp(addr)]);
+        }
+        let form = || ListenAddrError::Form(s.to_owned());
+        let (host, port) = tcp.rsplit_once(':').ok_or_else(form)?;
+        if host.contains(['/', ':', '[', ']']) || port.contains('/') || port.is_empty() {
+            return Err(form().into());
+        }
+        let port: u16 = port.parse().map_err(|_| ListenAddrError::Port {
+            given: s.to_owned(),
+            port: port.to_owned(),
+        })?;
+        if host.is_empty() {
+            let any = if std::net::TcpListener::bind((Ipv6Addr::UNSPECIFIED, 0)).is_ok() {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            };
+            return Ok(vec![ListenAddr::Tcp(SocketAddr::new(any, port))]);
+        }
+        let resolved = (host, port)
+            .to_socket_addrs()
+            .map_err(|err| ListenAddrError::Resolve {
+                given: s.to_owned(),
+                host: host.to_owned(),
+                err,
+            })?;
+        let mut addrs = Vec::new();
+        for addr in resolved {
+            let addr = ListenAddr::Tcp(addr);
+            if !addrs.contains(&addr) {
+                addrs.push(addr);
+            }
+        }
+        if addrs.is_empty() {
+            return Err(ListenAddrError::NoAddress {
+                given: s.to_owned(),
+                host: host.to_owned(),
+            }
+            .into());
+        }
+        Ok(addrs)
     }
 }
 
@@ -148,6 +231,50 @@ mod tests {
         for bad in ["unix:", "unix-abstract:", "localhost", "tcp://x:1"] {
             assert!(bad.parse::<ListenAddr>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn resolves_host_names_and_any_host() {
+        let tcp = |s: &str| ListenAddr::Tcp(s.parse().unwrap());
+        let localhost = ListenAddr::resolve("localhost:9443").unwrap();
+        assert!(localhost.contains(&tcp("127.0.0.1:9443")), "{localhost:?}");
+        assert!(
+            localhost.iter().all(
+                |a| matches!(a, ListenAddr::Tcp(a) if a.ip().is_loopback() && a.port() == 9443)
+            ),
+            "{localhost:?}"
+        );
+        assert_eq!(
+            ListenAddr::resolve("tcp://127.0.0.1:1").unwrap(),
+            [tcp("127.0.0.1:1")]
+        );
+        assert_eq!(
+            ListenAddr::resolve("tcp://localhost:2").unwrap(),
+            ListenAddr::resolve("localhost:2").unwrap()
+        );
+        let any = ListenAddr::resolve(":9443").unwrap();
+        assert!(
+            any == [tcp("[::]:9443")] || any == [tcp("0.0.0.0:9443")],
+            "{any:?}"
+        );
+        assert_eq!(
+            ListenAddr::resolve("unix:/run/a.sock").unwrap(),
+            [ListenAddr::Unix("/run/a.sock".into())]
+        );
+        let e = ListenAddr::resolve("127.0.0.1:80000")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the port \"80000\" is not a number from 0 to 65535"),
+            "{e}"
+        );
+        for bad in ["localhost", "tcp://", ":", "tcp://h:1/x", "a:b:1", "unix:"] {
+            assert!(ListenAddr::resolve(bad).is_err(), "{bad}");
+        }
+        let e = ListenAddr::resolve("no-such-host.invalid:1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot resolve \"no-such-host.invalid\""), "{e}");
     }
 
     #[tokio::test]

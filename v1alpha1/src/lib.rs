@@ -72,12 +72,13 @@ pub fn decode(req: RunFunctionRequest) -> Result<RunRequest, RequestError> {
         }
         if let Some(limits) = config.resources.and_then(|r| r.limits) {
             if !limits.memory.is_empty() {
-                run.memory_bytes =
-                    Some(quantity::parse_memory(&limits.memory).map_err(RequestError::Memory)?);
+                run.memory_bytes = Some(
+                    quantity::parse_memory_limit(&limits.memory).map_err(RequestError::Memory)?,
+                );
             }
             if !limits.cpu.is_empty() {
                 run.cpu_millis =
-                    Some(quantity::parse_cpu_millis(&limits.cpu).map_err(RequestError::Cpu)?);
+                    Some(quantity::parse_cpu_limit(&limits.cpu).map_err(RequestError::Cpu)?);
             }
         }
         if let Some(t) = config.timeout {
@@ -279,6 +280,31 @@ mod tests {
                 .to_string()
                 .contains("memory limit \"lots\"")
         );
+        // Limits no process can start in, or no cpu at all: refused before
+        // any sandbox is made, with what was probably meant.
+        for (memory, cpu, wanted) in [
+            (
+                "128m",
+                "",
+                "memory limit \"128m\" is 128 thousandths of a byte",
+            ),
+            ("0", "", "below the smallest memory limit"),
+            ("1Ki", "", "below the smallest memory limit"),
+            ("", "0", "cpu limit \"0\" is no cpu at all"),
+        ] {
+            let mut q = req();
+            q.run_function_config = Some(RunFunctionConfig {
+                resources: Some(ResourceConfig {
+                    limits: Some(ResourceLimits {
+                        memory: memory.into(),
+                        cpu: cpu.into(),
+                    }),
+                }),
+                ..Default::default()
+            });
+            let e = decode(q).unwrap_err().to_string();
+            assert!(e.contains(wanted), "{memory:?} {cpu:?}: {e}");
+        }
         let mut q = req();
         q.run_function_config = Some(RunFunctionConfig {
             timeout: Some(prost_types::Duration {

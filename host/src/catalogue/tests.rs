@@ -83,10 +83,10 @@ fn relative_credential_paths_are_the_files_neighbours() {
 #[test]
 fn numbers_and_strings_both_make_quantities_and_durations() {
     let defs = parse_str(
-        "functions:\n- {name: a, image: a, resources: {memory: 1048576, cpu: 0.5}, idleTimeout: '90', timeout: 2}\n",
+        "functions:\n- {name: a, image: a, resources: {memory: 16777216, cpu: 0.5}, idleTimeout: '90', timeout: 2}\n",
     )
     .unwrap();
-    assert_eq!(defs[0].limits.memory_bytes, Some(1 << 20));
+    assert_eq!(defs[0].limits.memory_bytes, Some(16 << 20));
     assert_eq!(defs[0].limits.cpu_millis, Some(500));
     assert_eq!(defs[0].idle_timeout, Some(Duration::from_secs(90)));
     assert_eq!(defs[0].timeout, Duration::from_secs(2));
@@ -121,7 +121,15 @@ fn bad_values_name_the_function_and_the_field() {
         ),
         (
             "functions:\n- {name: a, image: a, resources: {cpu: '0'}}\n",
-            "resources.cpu: must be more than 0",
+            "resources.cpu: \"0\" is no cpu at all: a cpu limit must be more than 0",
+        ),
+        (
+            "functions:\n- {name: a, image: a, resources: {memory: 128m}}\n",
+            "resources.memory: \"128m\" is 128 thousandths of a byte (in a Kubernetes quantity, m is milli), below the smallest memory limit, 4Mi: did you mean 128Mi?",
+        ),
+        (
+            "functions:\n- {name: a, image: a, resources: {memory: '0'}}\n",
+            "resources.memory: \"0\" is 0 bytes, below the smallest memory limit",
         ),
         (
             "functions:\n- {name: a, image: a, idleTimeout: soon}\n",
