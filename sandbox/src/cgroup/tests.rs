@@ -708,3 +708,66 @@ fn an_open_interface_file_is_read_whole_from_its_start_each_time() {
     );
     assert_eq!(keys(&read_whole(&file).unwrap()), keys(&whole));
 }
+
+/// cgroup v1's pool of run cgroups: a slot its run left charged with more
+/// than `MAX_CARRIED_BYTES` (page cache, dentries) is removed, not reused;
+/// a run with a memory limit takes an idle slot only when the slot's charge
+/// is below half that limit, else a fresh one (v1 refuses, EBUSY, a limit
+/// below a charge it cannot reclaim).
+#[test]
+fn v1_never_hands_a_memory_limit_a_slot_left_charged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let memory = tmp.path().join("memory");
+    let fs = FakeV2::new(&memory, "");
+    let home = memory.join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(home.join("tasks"), "").unwrap();
+    let parent = memory.join("fnrun");
+    let driver = v1::V1::new(
+        fs,
+        vec![v1::Hierarchy {
+            controllers: vec!["memory".to_owned()],
+            parent: parent.clone(),
+            fallback: None,
+            own: home,
+        }],
+        true,
+    )
+    .unwrap();
+    // What the kernel would show once the run's processes are gone.
+    let charge = |run: &dyn RunCgroup, bytes: u64| {
+        for dir in run.dirs() {
+            for file in ["memory.usage_in_bytes", "memory.max_usage_in_bytes"] {
+                std::fs::write(dir.join(file), format!("{bytes}\n")).unwrap();
+            }
+        }
+    };
+    let mib = 1u64 << 20;
+    let no_limits = Limits::default();
+    let limited = |bytes| Limits {
+        memory_bytes: Some(bytes),
+        ..Limits::default()
+    };
+
+    // Charged with 100 MiB: removed when its run ends.
+    let mut a = driver.create("a", &no_limits).unwrap();
+    charge(a.as_ref(), 100 * mib);
+    a.remove().unwrap();
+    assert!(!parent.join("a").exists());
+
+    // 3 MiB: kept for the next run ...
+    let mut b = driver.create("b", &no_limits).unwrap();
+    charge(b.as_ref(), 3 * mib);
+    b.remove().unwrap();
+    assert!(parent.join("b").exists());
+    // ... but not for one limited to 4 MiB: that gets a fresh cgroup, and
+    // the charged one goes.
+    let mut c = driver.create("c", &limited(4 * mib)).unwrap();
+    assert_eq!(c.dirs(), vec![parent.join("c")]);
+    assert!(!parent.join("b").exists());
+    charge(c.as_ref(), mib);
+    c.remove().unwrap();
+    // A slot charged with 1 MiB takes a limit of 64 MiB.
+    let d = driver.create("d", &limited(64 * mib)).unwrap();
+    assert_eq!(d.dirs(), vec![parent.join("c")]);
+}
