@@ -249,6 +249,45 @@ fn default_cache_location(
     (PathBuf::from(format!("/tmp/fnrun-{uid}")), true)
 }
 
+/// Refuses a cache directory that a run of a root runner cannot reach: its
+/// init, already the mapped root of its user namespace (host ids `uid` and
+/// `gid`, no supplementary groups, no capability over the host's files),
+/// mounts the run's scratch and layers below the cache by their paths, so
+/// every directory above the cache (and the cache itself, where it exists)
+/// must let those ids search it. `mktemp -d` and `/root` are mode 0700.
+fn check_reachable(cache: &Path, uid: u32, gid: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let cache = std::path::absolute(cache).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot resolve the cache directory {}: {e}",
+            cache.display()
+        )
+    })?;
+    for dir in cache.ancestors() {
+        // Not there yet: fnrun makes it, searchable.
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue;
+        };
+        let mode = meta.mode();
+        let searchable = mode & 0o001 != 0
+            || (meta.uid() == uid && mode & 0o100 != 0)
+            || (meta.gid() == gid && mode & 0o010 != 0);
+        if !searchable {
+            anyhow::bail!(
+                "the cache directory {} cannot be used: runs (host uid {uid}) cannot search {} \
+                 (mode {:04o}, owner {}); make it searchable (chmod o+x {}) or give another \
+                 --cache-dir",
+                cache.display(),
+                dir.display(),
+                mode & 0o7777,
+                meta.uid(),
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a default cache directory (if it exists) that is not a directory
 /// of `uid`'s, or that others may write to: whoever can write it can replace
 /// the layers functions run from.
@@ -299,6 +338,12 @@ pub fn build_runner(
         None => default_cache_dir()?,
     };
     let id_map = IdMap::detect(sandbox.map_root_uid, sandbox.map_root_gid);
+    if let IdMap::Range {
+        host_uid, host_gid, ..
+    } = id_map
+    {
+        check_reachable(&root, host_uid, host_gid)?;
+    }
     let owner = match id_map {
         IdMap::Range {
             host_uid,

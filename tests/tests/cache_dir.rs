@@ -149,3 +149,47 @@ fn the_default_cache_is_never_a_directory_another_user_may_write() {
         assert!(!shared.exists(), "{} was created", shared.display());
     }
 }
+
+/// As root, a cache directory below a directory only root may search (as
+/// `mktemp -d` makes, or `/root`) is refused at start, naming the directory
+/// and the fix: a run's init, the mapped root of its user namespace (host
+/// uid 100000), cannot reach it. It used to fail every run with `mount tmpfs
+/// on …/cache/mnt: EACCES`.
+#[test]
+fn a_cache_directory_runs_cannot_reach_is_refused_naming_the_fix() {
+    if !require_root("a cache directory below a root-only directory") {
+        return;
+    }
+    let registry = Registry::start().expect("registry starts");
+    let image = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    let cli = Cli::new().expect("cli");
+    let input = cli.write_file("in.yaml", SAMPLE).expect("input");
+    let private = cli.scratch().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let cache = private.join("cache");
+    let cache_arg = cache.to_str().unwrap();
+    let out = cli.run_as_given(
+        &["run", "--cache-dir", cache_arg, &image, &input],
+        &[],
+        None,
+    );
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let line = out.stderr.trim();
+    assert_eq!(line.lines().count(), 1, "{}", out.describe());
+    assert!(
+        line.contains(&format!("cannot search {}", private.display()))
+            && line.contains(&format!("chmod o+x {}", private.display())),
+        "{}",
+        out.describe()
+    );
+    // Searchable, it works.
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let out = cli.run_as_given(
+        &["run", "--cache-dir", cache_arg, &image, &input],
+        &[],
+        None,
+    );
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert_same_yaml(&out.stdout, SAMPLE);
+}
