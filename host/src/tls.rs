@@ -17,7 +17,7 @@
 //! shown one before: a peer (by IP address) with a handshake that succeeded
 //! in the last hour. Others, and every peer past [`MINT_BURST`] mints at once
 //! and then one a second, get `unrecognized_name`; minted certificates are
-//! kept for [`MINTED_UNKNOWN_MAX`] names (the oldest dropped first) and
+//! kept for 64 names (`MINTED_UNKNOWN_MAX`, the oldest dropped first) and
 //! counted in `fnrun_tls_unknown_name_certificates_minted_total`.
 
 use std::collections::{HashMap, VecDeque};
@@ -66,7 +66,8 @@ pub struct SniResolver {
 /// Most certificates kept for names no function answers to: the oldest is
 /// dropped for a new one.
 const MINTED_UNKNOWN_MAX: usize = 64;
-/// Mints for names no function answers to at once; then [`MINT_EVERY`] one.
+/// Mints for names no function answers to at once; then one a second
+/// (`MINT_EVERY`).
 pub const MINT_BURST: u32 = 8;
 const MINT_EVERY: Duration = Duration::from_secs(1);
 /// How long a peer's successful handshake lets it have certificates minted.

@@ -33,7 +33,7 @@ impl IdMap {
     /// container with a user namespace of its own (a `hostUsers: false`
     /// pod) has only the ids its `uid_map` and `gid_map` list, 65536 from 0
     /// there. Where the asked-for range is not among them, the largest
-    /// range of at least [`MIN_RANGE_SIZE`] ids that is (never the
+    /// range of at least `MIN_RANGE_SIZE` (65535) ids that is (never the
     /// runner's own id) stands in, with a warning; where there is none,
     /// the runner's own ids, as an unprivileged runner maps them.
     pub fn detect(map_root_uid: u32, map_root_gid: u32) -> IdMap {

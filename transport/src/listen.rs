@@ -1,6 +1,6 @@
 //! Listen addresses: `unix:PATH`, `unix-abstract:NAME` and `HOST:PORT`.
 //!
-//! [`ListenAddr::from_str`] takes one address (an IP address and a port);
+//! `ListenAddr::from_str` (its `FromStr`) takes one address (an IP address and a port);
 //! [`ListenAddr::resolve`] also takes what a user types for a daemon's
 //! `--listen`: a host name (resolved at once, every address it has
 //! listened on), `:PORT` (every address), and a `tcp://` prefix.
@@ -70,7 +70,7 @@ pub enum ListenAddrError {
 }
 
 impl ListenAddr {
-    /// The addresses of a `--listen` value: as [`ListenAddr::from_str`],
+    /// The addresses of a `--listen` value: as `ListenAddr::from_str` (its `FromStr`),
     /// and also `[tcp://]HOST:PORT` with HOST a name, resolved now (every
     /// address it resolves to, in order, without repeats), and `:PORT`:
     /// every address (`[::]`, which takes IPv4 too, or `0.0.0.0` on a host

@@ -189,7 +189,7 @@ pub struct Found {
 /// Credentials for `image` (unqualified, it names `default_registry`: the
 /// cache's): from `authfile` (`--authfile`, `REGISTRY_AUTH_FILE`) alone when
 /// given, which must exist; else from the first of the files
-/// [`SearchEnv::files`] lists that has credentials for the registry, as
+/// `SearchEnv::files` lists that has credentials for the registry, as
 /// containers-image searches them. Anonymous for `oci:` images and when no
 /// file has any.
 pub fn find_credentials(
