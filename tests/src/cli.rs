@@ -83,8 +83,8 @@ impl Cli {
         Ok(path.display().to_string())
     }
 
-    /// Runs `fnrun SUBCOMMAND [--cache-dir DIR] ARGS...` with `stdin`.
-    pub fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Finished {
+    /// `fnrun SUBCOMMAND [--cache-dir DIR] ARGS...` with this CLI's cache.
+    fn with_cache(&self, args: &[&str]) -> Command {
         let mut cmd = self.command();
         if let Some((subcommand, rest)) = args.split_first() {
             cmd.arg(subcommand);
@@ -94,23 +94,20 @@ impl Cli {
             cmd.args(rest);
         }
         cmd.env("FNRUN_CACHE_DIR", self.cache_dir());
-        run_capture(&mut cmd, stdin, CLI_GUARD)
+        cmd
+    }
+
+    /// Runs `fnrun SUBCOMMAND [--cache-dir DIR] ARGS...` with `stdin`.
+    pub fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Finished {
+        run_capture(&mut self.with_cache(args), stdin, CLI_GUARD)
     }
 
     /// Starts `fnrun SUBCOMMAND [--cache-dir DIR] ARGS...` in the
     /// background, as [`Cli::run`] would run it, with stdin and stdout on
     /// `/dev/null` and stderr piped; killed if the test's thread ends.
     pub fn spawn(&self, args: &[&str]) -> Result<std::process::Child> {
-        let mut cmd = self.command();
-        if let Some((subcommand, rest)) = args.split_first() {
-            cmd.arg(subcommand);
-            if CACHE_COMMANDS.contains(subcommand) {
-                cmd.arg("--cache-dir").arg(self.cache_dir());
-            }
-            cmd.args(rest);
-        }
-        cmd.env("FNRUN_CACHE_DIR", self.cache_dir())
-            .stdin(std::process::Stdio::null())
+        let mut cmd = self.with_cache(args);
+        cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped());
         crate::process::die_with_parent(&mut cmd)
