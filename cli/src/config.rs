@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use fnrun_cache::{Cache, CacheConfig, LayerOwner};
 use fnrun_sandbox::{IdMap, Sandbox, SandboxConfig};
 
-use fnrun_core::runner::{Admission, Runner};
+use fnrun_runner::runner::{Admission, Runner};
 
 /// `-o`/`--output` of the commands a script may parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]

@@ -31,8 +31,8 @@ use crate::config::{
     AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs,
     parse_cpu_limit, parse_memory_limit,
 };
-use fnrun_core::error::{Class, bounded};
-use fnrun_core::runner::Admission;
+use fnrun_runner::error::{Class, bounded};
+use fnrun_runner::runner::Admission;
 use fnrun_host::catalogue::{self, CredentialSource, FunctionDef, Mode};
 use fnrun_host::instance::Api;
 use fnrun_host::routing::Route;

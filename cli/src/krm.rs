@@ -28,8 +28,8 @@ use fnrun_sandbox::{BindMount, HostUser, MountError};
 
 use crate::package::{self, Output, Source};
 use fnrun_api::duration::format as humantime;
-use fnrun_core::error::{LINE_MAX, RunError};
-use fnrun_core::runner::{RunAs, RunRequest, Runner};
+use fnrun_runner::error::{LINE_MAX, RunError};
+use fnrun_runner::runner::{RunAs, RunRequest, Runner};
 
 /// The KRM flags of `fnrun run`.
 #[derive(Debug, Clone, Default, Args)]
@@ -336,7 +336,7 @@ struct Report<'a> {
 /// written as `kpt fn eval` writes them, and only when the function
 /// succeeded: a failed function changes no file.
 pub fn run(runner: &Runner, mut req: RunRequest, args: &KrmArgs, source: &Source) -> ExitCode {
-    let image = text::bounded(&req.image, fnrun_core::error::IMAGE_REF_MAX).into_owned();
+    let image = text::bounded(&req.image, fnrun_runner::error::IMAGE_REF_MAX).into_owned();
     if let Err(e) = prepare(&mut req, args) {
         eprintln!("fnrun: {}", crate::support::error_line(&e));
         return ExitCode::from(crate::support::EXIT_USAGE);

@@ -30,8 +30,8 @@ use fnrun_sandbox::Network;
 use crate::cli::{Cli, Command, LogFormat, LogLevel, PullArgs, RunArgs};
 use crate::config::{NetworkPolicyArg, OutputFormat, PullPolicyArg};
 use crate::support::{EXIT_FAILED, EXIT_USAGE, current_thread_runtime, daemon_failed, error_line};
-use fnrun_core::error::LINE_MAX;
-use fnrun_core::runner::{PullDisplay, RunRequest};
+use fnrun_runner::error::LINE_MAX;
+use fnrun_runner::runner::{PullDisplay, RunRequest};
 
 fn main() -> ExitCode {
     // The daemon execs this binary as its spawner (`fnrun_sandbox`'s process that
@@ -141,7 +141,7 @@ fn run(args: RunArgs) -> ExitCode {
     let runner = match config::build_runner(
         &args.cache,
         &args.sandbox,
-        fnrun_core::runner::Admission::ONE,
+        fnrun_runner::runner::Admission::ONE,
     ) {
         Ok(r) => r,
         Err(e) => {
@@ -215,7 +215,7 @@ fn run(args: RunArgs) -> ExitCode {
             // A Function package (a gRPC server) run as a FunctionIO
             // function waits for calls until the timeout.
             let hint = match e {
-                fnrun_core::error::RunError::TimedOut { .. } => {
+                fnrun_runner::error::RunError::TimedOut { .. } => {
                     " (if the image is a Crossplane v1.14+ Function package, a gRPC server, \
                      call it with `fnrun function call IMAGE REQUEST`)"
                 }
@@ -270,7 +270,7 @@ fn usage_error(e: clap::Error) -> ! {
         e.exit();
     }
     let message = e.render().to_string();
-    eprint!("{}", fnrun_core::error::bounded(&message, LINE_MAX));
+    eprint!("{}", fnrun_runner::error::bounded(&message, LINE_MAX));
     if !message.ends_with('\n') {
         eprintln!();
     }
@@ -330,7 +330,7 @@ fn pull(args: PullArgs) -> ExitCode {
     let runner = match config::build_runner(
         &args.cache,
         &args.ids.sandbox(),
-        fnrun_core::runner::Admission::ONE,
+        fnrun_runner::runner::Admission::ONE,
     ) {
         Ok(r) => r,
         Err(e) => {
@@ -441,7 +441,7 @@ mod tests {
         let long = "9".repeat(100_000);
         let e = Cli::try_parse_from(["fnrun", "run", "--memory", &long, "fn:v1"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
-        let message = fnrun_core::error::bounded(&e.render().to_string(), LINE_MAX);
+        let message = fnrun_runner::error::bounded(&e.render().to_string(), LINE_MAX);
         assert!(message.len() <= LINE_MAX, "{}", message.len());
         assert!(message.contains("bytes elided]"), "{message}");
     }

@@ -632,9 +632,9 @@ pub fn write(
                 return Ok(yaml.into_bytes());
             }
             let value: serde_json::Value = serde_norway::from_str(&yaml)
-                .map_err(|e| OutputError::Json(fnrun_core::error::bounded(&e, 1024)))?;
+                .map_err(|e| OutputError::Json(fnrun_runner::error::bounded(&e, 1024)))?;
             let mut json = serde_json::to_vec_pretty(&value)
-                .map_err(|e| OutputError::Json(fnrun_core::error::bounded(&e, 1024)))?;
+                .map_err(|e| OutputError::Json(fnrun_runner::error::bounded(&e, 1024)))?;
             json.push(b'\n');
             Ok(json)
         }

@@ -25,9 +25,9 @@ use std::time::Duration;
 use crate::config::{CacheArgs, SandboxArgs, parse_mode, parse_size};
 use crate::functions_args::FunctionsArgs;
 use crate::support::{Stopped, Usage};
-use fnrun_core::metrics::dir_bytes;
-use fnrun_core::runner::Admission;
-use fnrun_core::runner::Runner;
+use fnrun_runner::metrics::dir_bytes;
+use fnrun_runner::runner::Admission;
+use fnrun_runner::runner::Runner;
 use fnrun_evaluator::EvaluatorService;
 use fnrun_host::FunctionMetrics;
 use fnrun_transport::authority::NormalizeAuthority;
@@ -41,8 +41,8 @@ use fnrun_v1alpha1::FunctionRunnerService;
 const RUNNER_SERVICE: &str = <ContainerizedFunctionRunnerServiceServer<FunctionRunnerService> as tonic::server::NamedService>::NAME;
 const EVALUATOR_SERVICE: &str = <fnrun_api::evaluator::function_evaluator_server::FunctionEvaluatorServer<EvaluatorService> as tonic::server::NamedService>::NAME;
 
-/// `--sandbox-pool`'s default: one kind's most (`fnrun_core::pool::PER_KIND`).
-pub const DEFAULT_SANDBOX_POOL: usize = fnrun_core::pool::PER_KIND;
+/// `--sandbox-pool`'s default: one kind's most (`fnrun_runner::pool::PER_KIND`).
+pub const DEFAULT_SANDBOX_POOL: usize = fnrun_runner::pool::PER_KIND;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {

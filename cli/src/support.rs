@@ -3,8 +3,8 @@
 
 use std::process::ExitCode;
 
-use fnrun_core::error::LINE_MAX;
-pub(crate) use fnrun_core::error::{EXIT_FAILED, EXIT_USAGE};
+use fnrun_runner::error::LINE_MAX;
+pub(crate) use fnrun_runner::error::{EXIT_FAILED, EXIT_USAGE};
 
 /// Version with build facts, for `--version` and the start-up log line.
 pub const VERSION: &str = concat!(
@@ -61,9 +61,9 @@ pub(crate) fn error_text(e: &dyn std::fmt::Display, terminal: bool) -> String {
     let text = e.to_string();
     let text = text.trim_end();
     if terminal {
-        fnrun_core::error::bounded(&text, LINE_MAX)
+        fnrun_runner::error::bounded(&text, LINE_MAX)
     } else {
-        fnrun_core::error::bounded(&text.replace('\n', "\\n"), LINE_MAX)
+        fnrun_runner::error::bounded(&text.replace('\n', "\\n"), LINE_MAX)
     }
 }
 

@@ -33,8 +33,8 @@ use fnrun_api::text;
 use fnrun_registry::Credentials;
 use tonic::{Code, Request, Response, Status};
 
-use fnrun_core::error::{Class, IMAGE_REF_MAX, LINE_MAX, RunError, STATUS_MESSAGE_MAX, bounded};
-use fnrun_core::runner::{RunRequest, Runner};
+use fnrun_runner::error::{Class, IMAGE_REF_MAX, LINE_MAX, RunError, STATUS_MESSAGE_MAX, bounded};
+use fnrun_runner::runner::{RunRequest, Runner};
 use fnrun_registry::credentials as docker_config;
 
 use crate::tag::TagError;

@@ -12,7 +12,7 @@ use fnrun_api::Quoted;
 use fnrun_registry::{Credentials, ImageRef};
 
 use super::semver::{Constraint, SemverError, Version};
-use fnrun_core::{Class, RunError, Runner};
+use fnrun_runner::{Class, RunError, Runner};
 
 /// Why a `Tag` chooses no image.
 #[derive(Debug, thiserror::Error)]

@@ -43,7 +43,7 @@ const PARSER_MESSAGE_MAX: usize = 1024;
 /// Defaults of a function (SPEC.md).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(30);
-pub const DEFAULT_TIMEOUT: Duration = fnrun_core::runner::DEFAULT_TIMEOUT;
+pub const DEFAULT_TIMEOUT: Duration = fnrun_runner::runner::DEFAULT_TIMEOUT;
 pub const DEFAULT_MAX_CONCURRENCY: usize = 64;
 /// Highest `maxConcurrency`.
 pub const MAX_CONCURRENCY: usize = 4096;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fnrun_core::runner::Runner;
+use fnrun_runner::runner::Runner;
 
 use crate::metrics::FunctionMetrics;
 

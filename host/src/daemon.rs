@@ -22,8 +22,8 @@ use super::certs::{CertSet, CertSource, Minter};
 use super::listener;
 use super::tls::{self, ClientCa, SniResolver};
 use super::{Changes, FunctionMetrics, Host, Routing};
-use fnrun_core::error::{LINE_MAX, bounded};
-use fnrun_core::runner::Runner;
+use fnrun_runner::error::{LINE_MAX, bounded};
+use fnrun_runner::runner::Runner;
 use fnrun_transport::listen::{ListenAddr, Listener};
 use fnrun_transport::readiness::Readiness;
 use fnrun_transport::tls_accept::{

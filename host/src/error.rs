@@ -8,7 +8,7 @@ use std::time::Duration;
 use fnrun_api::{Quoted, text};
 use fnrun_sandbox::{ServiceExit, Status};
 
-use fnrun_core::error::{Class, RunError, STDERR_QUOTE_MAX};
+use fnrun_runner::error::{Class, RunError, STDERR_QUOTE_MAX};
 
 /// The most function names listed in a NOT_FOUND message.
 const NAMES_LISTED: usize = 20;
@@ -313,7 +313,7 @@ impl From<HostError> for tonic::Status {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fnrun_core::error::STATUS_MESSAGE_MAX;
+    use fnrun_runner::error::STATUS_MESSAGE_MAX;
 
     #[test]
     fn unknown_names_list_what_exists_bounded() {

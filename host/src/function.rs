@@ -40,7 +40,7 @@ use super::error::{CallError, HostError, Phase};
 use super::instance::{self, Api, Instance, Spare};
 use crate::context::Context;
 use fnrun_cache::Lease;
-use fnrun_core::error::RunError;
+use fnrun_runner::error::RunError;
 use fnrun_sandbox::RunSpec;
 
 /// A function's instance ran this long: its failures are forgotten.
@@ -165,12 +165,12 @@ impl Function {
     /// Makes a spare for the next instance from what the stopped one ran,
     /// and keeps it while the function stays stopped, for at most its
     /// `idleTimeout` again, and at least as long as the sandbox pool keeps
-    /// the sandboxes of a kind of run not called ([`fnrun_core::pool::IDLE`]).
+    /// the sandboxes of a kind of run not called ([`fnrun_runner::pool::IDLE`]).
     async fn make_spare(self: Arc<Self>, spec: Arc<RunSpec>, lease: Option<Arc<Lease>>) {
         let Some(idle) = self.def.idle_timeout else {
             return;
         };
-        let keep = idle.max(fnrun_core::pool::IDLE);
+        let keep = idle.max(fnrun_runner::pool::IDLE);
         let Some(spare) = Spare::make(&self.ctx.runner, spec, lease).await else {
             return;
         };
@@ -457,7 +457,7 @@ impl Function {
                 if let Report::Log = report {
                     tracing::warn!(
                         function = self.def.name,
-                        error = %fnrun_core::error::bounded(&error, fnrun_core::error::LINE_MAX),
+                        error = %fnrun_runner::error::bounded(&error, fnrun_runner::error::LINE_MAX),
                         "function server did not start"
                     );
                 }
@@ -575,7 +575,7 @@ impl Function {
             function = self.def.name,
             instance = instance.id,
             failures,
-            error = %fnrun_core::error::bounded(&error, fnrun_core::error::LINE_MAX),
+            error = %fnrun_runner::error::bounded(&error, fnrun_runner::error::LINE_MAX),
             "function server ended; it is started again on the next call"
         );
     }

@@ -17,7 +17,7 @@ use super::error::CallError;
 use super::error::{HostError, Phase};
 use super::instance;
 use crate::context::Context;
-use fnrun_core::runner::RunRequest;
+use fnrun_runner::runner::RunRequest;
 
 /// Answers one call with one run of the function's image, before `deadline`.
 pub async fn call(

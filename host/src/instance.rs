@@ -1,6 +1,6 @@
 //! One warm instance of a server-mode function: its image from the cache
 //! (leased while it runs), turned into a [`fnrun_sandbox::RunSpec`] the way
-//! per-call runs are ([`fnrun_core::image_spec`]), started as a service run, and
+//! per-call runs are ([`fnrun_runner::image_spec`]), started as a service run, and
 //! ready when its own port, `127.0.0.1:9443` inside its network namespace,
 //! answers gRPC. Calls reach it over one HTTP/2 connection
 //! ([`Upstream`]); no port is published on the node.
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fnrun_cache::Lease;
-use fnrun_core::pool::Place;
+use fnrun_runner::pool::Place;
 use fnrun_sandbox::{
     ExitWatch, PreparedService, RunSpec, Service, ServiceExit, Status as RunStatus,
 };
@@ -28,9 +28,9 @@ use tonic::{Code, Response, Status};
 use super::catalogue::{CredentialSource, FunctionDef};
 use super::error::{ExitReport, HostError};
 use super::upstream::{FUNCTION_PORT, Upstream, is_transport};
-use fnrun_core::error::RunError;
-use fnrun_core::image_spec::{self, SpecOptions};
-use fnrun_core::runner::Runner;
+use fnrun_runner::error::RunError;
+use fnrun_runner::image_spec::{self, SpecOptions};
+use fnrun_runner::runner::Runner;
 use fnrun_registry::Credentials;
 use fnrun_registry::credentials::docker_config;
 

@@ -53,7 +53,7 @@ pub use self::function::Function;
 use self::instance::Api;
 pub use self::metrics::FunctionMetrics;
 use self::routing::{Route, function_name};
-use fnrun_core::runner::Runner;
+use fnrun_runner::runner::Runner;
 use fnrun_transport::deadline::CallDeadline;
 
 use self::context::Context;
@@ -245,7 +245,7 @@ impl Host {
                 api = api.name(),
                 code = code_name,
                 duration_ms = ms,
-                message = %fnrun_core::error::bounded(&status.message(), fnrun_core::error::LINE_MAX),
+                message = %fnrun_runner::error::bounded(&status.message(), fnrun_runner::error::LINE_MAX),
                 "function call: the function answered with an error"
             ),
             Err(CallError::Failed(e)) => tracing::info!(
@@ -254,7 +254,7 @@ impl Host {
                 code = code_name,
                 outcome = e.outcome(),
                 duration_ms = ms,
-                error = %fnrun_core::error::bounded(e, fnrun_core::error::LINE_MAX),
+                error = %fnrun_runner::error::bounded(e, fnrun_runner::error::LINE_MAX),
                 "function call failed"
             ),
         }

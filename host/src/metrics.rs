@@ -1,5 +1,5 @@
 //! Metrics of the function host, rendered with the daemon's others
-//! ([`fnrun_core::metrics::Metrics`]): calls by function and gRPC code, instances
+//! ([`fnrun_runner::metrics::Metrics`]): calls by function and gRPC code, instances
 //! running, cold starts (and those from a spare), crashes, and start and call
 //! durations.
 //!
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 use tonic::Code;
 
-use fnrun_core::metrics::Histogram;
+use fnrun_runner::metrics::Histogram;
 
 #[derive(Debug, Default)]
 pub struct FunctionMetrics {
