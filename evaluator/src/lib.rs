@@ -33,9 +33,9 @@ use fnrun_api::text;
 use fnrun_registry::Credentials;
 use tonic::{Code, Request, Response, Status};
 
+use fnrun_registry::credentials as docker_config;
 use fnrun_runner::error::{Class, IMAGE_REF_MAX, LINE_MAX, RunError, STATUS_MESSAGE_MAX, bounded};
 use fnrun_runner::runner::{RunRequest, Runner};
-use fnrun_registry::credentials as docker_config;
 
 use crate::tag::TagError;
 

@@ -13,9 +13,9 @@ use fnrun_api::v1alpha1::{
     containerized_function_runner_service_server::ContainerizedFunctionRunnerService,
 };
 use fnrun_cache::PullPolicy;
+use fnrun_registry::Credentials;
 use fnrun_runner::error::{RequestError, RunError};
 use fnrun_runner::runner::{DEFAULT_TIMEOUT, RunRequest, Runner};
-use fnrun_registry::Credentials;
 use fnrun_sandbox::Network;
 use tonic::{Request, Response, Status};
 
