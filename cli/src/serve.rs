@@ -25,11 +25,11 @@ use std::time::Duration;
 use crate::config::{CacheArgs, SandboxArgs, parse_mode, parse_size};
 use crate::functions_args::FunctionsArgs;
 use crate::support::{Stopped, Usage};
+use fnrun_evaluator::EvaluatorService;
+use fnrun_host::FunctionMetrics;
 use fnrun_runner::metrics::dir_bytes;
 use fnrun_runner::runner::Admission;
 use fnrun_runner::runner::Runner;
-use fnrun_evaluator::EvaluatorService;
-use fnrun_host::FunctionMetrics;
 use fnrun_transport::authority::NormalizeAuthority;
 use fnrun_transport::deadline::DeadlineLayer;
 use fnrun_transport::listen::{ListenAddr, Listener};
@@ -188,7 +188,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
         "fnrun {} starting",
         crate::support::VERSION
     );
-    tracing::info!(limits = %runner.sandbox().limit_support(), "limits this host can enforce");
+    tracing::info!(limits = %runner.limit_support(), "limits this host can enforce");
     let runner = Arc::new(runner);
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);

@@ -11,7 +11,7 @@
 //!
 //! An instance stopped for idleness leaves a spare behind (when the
 //! daemon's sandbox pool has room): a sandbox made ahead for the next
-//! instance ([`instance::Spare`]), which that instance's start takes, so
+//! instance ([`Spare`]), which that instance's start takes, so
 //! that a cold start costs about the server's own start. A spare not taken
 //! within another `idleTimeout` (10 s at least), or whose function is
 //! retired, is ended.
@@ -37,11 +37,10 @@ use tonic::metadata::MetadataMap;
 
 use super::catalogue::{FunctionDef, Mode};
 use super::error::{CallError, HostError, Phase};
-use super::instance::{self, Api, Instance, Spare};
+use super::instance::{self, Api, Instance};
 use crate::context::Context;
-use fnrun_cache::Lease;
 use fnrun_runner::error::RunError;
-use fnrun_sandbox::RunSpec;
+use fnrun_runner::{ServiceKind, Spare};
 
 /// A function's instance ran this long: its failures are forgotten.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
@@ -158,7 +157,7 @@ impl Function {
     /// Ends a spare off the caller's path.
     fn end_spare(&self, spare: Option<Spare>) {
         if let Some(spare) = spare {
-            spare.end_in_background(&self.ctx.runner);
+            spare.end_in_background();
         }
     }
 
@@ -166,12 +165,12 @@ impl Function {
     /// and keeps it while the function stays stopped, for at most its
     /// `idleTimeout` again, and at least as long as the sandbox pool keeps
     /// the sandboxes of a kind of run not called ([`fnrun_runner::pool::IDLE`]).
-    async fn make_spare(self: Arc<Self>, spec: Arc<RunSpec>, lease: Option<Arc<Lease>>) {
+    async fn make_spare(self: Arc<Self>, kind: ServiceKind) {
         let Some(idle) = self.def.idle_timeout else {
             return;
         };
         let keep = idle.max(fnrun_runner::pool::IDLE);
-        let Some(spare) = Spare::make(&self.ctx.runner, spec, lease).await else {
+        let Some(spare) = self.ctx.runner.make_spare(kind).await else {
             return;
         };
         let (made, made_by) = (spare.made, spare.pid());
@@ -236,10 +235,9 @@ impl Function {
                     error: Arc::new(error),
                 };
                 let credentials = instance::credentials(&self.ctx.runner, &self.def).await?;
-                let runner = &self.ctx.runner;
-                let reference = runner.reference(&self.def.image).map_err(failed)?;
-                runner
-                    .image(&reference, self.def.pull_policy, credentials, None)
+                self.ctx
+                    .runner
+                    .fetch(&self.def.image, self.def.pull_policy, credentials)
                     .await
                     .map_err(failed)
                     .map(drop)
@@ -506,7 +504,7 @@ impl Function {
                     if self.take_if_idle(&instance) {
                         let (id, pid) = (instance.id, instance.pid());
                         let retired = self.lock().retired;
-                        let next = (!retired).then(|| instance.spare_parts());
+                        let next = (!retired).then(|| instance.kind());
                         // The last holder of the instance drops its service,
                         // which stops the run.
                         drop(instance);
@@ -527,8 +525,8 @@ impl Function {
                                 "function server stopped, but not yet cleaned up after {STOP_GRACE:?}"
                             ),
                         }
-                        if let Some((spec, lease)) = next {
-                            self.clone().make_spare(spec, lease).await;
+                        if let Some(kind) = next {
+                            self.clone().make_spare(kind).await;
                         }
                         return;
                     }

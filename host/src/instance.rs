@@ -1,14 +1,9 @@
-//! One warm instance of a server-mode function: its image from the cache
-//! (leased while it runs), turned into a [`fnrun_sandbox::RunSpec`] the way
-//! per-call runs are ([`fnrun_runner::image_spec`]), started as a service run, and
-//! ready when its own port, `127.0.0.1:9443` inside its network namespace,
-//! answers gRPC. Calls reach it over one HTTP/2 connection
-//! ([`Upstream`]); no port is published on the node.
-//!
-//! A start may take a [`Spare`]: a sandbox made ahead for the same run spec
-//! (after the function's last instance stopped for idleness), so that the
-//! start costs about the server's own start. A spare that no longer fits
-//! (another image, other options) is ended and the start makes its own.
+//! One warm instance of a server-mode function: started by the runner's
+//! one entry for servers ([`Runner::start_service`]: the image from the
+//! cache, leased while it runs, in a sandbox made as a call's is, or in a
+//! [`Spare`] made ahead), and ready when its own port, `127.0.0.1:9443`
+//! inside its network namespace, answers gRPC. Calls reach it over one
+//! HTTP/2 connection ([`Upstream`]); no port is published on the node.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,22 +12,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fnrun_cache::Lease;
-use fnrun_runner::pool::Place;
-use fnrun_sandbox::{
-    ExitWatch, PreparedService, RunSpec, Service, ServiceExit, Status as RunStatus,
-};
+use fnrun_registry::Credentials;
+use fnrun_registry::credentials::docker_config;
+use fnrun_runner::error::RunError;
+use fnrun_runner::runner::Runner;
+use fnrun_runner::{Service, ServiceKind, ServiceRequest, Spare};
+use fnrun_sandbox::{ExitWatch, ServiceExit, Status as RunStatus};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Response, Status};
 
 use super::catalogue::{CredentialSource, FunctionDef};
 use super::error::{ExitReport, HostError};
 use super::upstream::{FUNCTION_PORT, Upstream, is_transport};
-use fnrun_runner::error::RunError;
-use fnrun_runner::image_spec::{self, SpecOptions};
-use fnrun_runner::runner::Runner;
-use fnrun_registry::Credentials;
-use fnrun_registry::credentials::docker_config;
 
 /// The argument every Function package's server takes to serve plain h2c
 /// (function-sdk-go and function-sdk-python): TLS ends at the host.
@@ -98,95 +89,6 @@ pub struct Instance {
     pub started: Instant,
     /// It started in a spare made ahead.
     pub from_spare: bool,
-    /// Its run spec and its image's lease, for a spare after it.
-    spec: Arc<RunSpec>,
-    lease: Option<Arc<Lease>>,
-}
-
-/// A sandbox made ahead for a function's next server: its init waits with
-/// the root built, holding a place in the `--sandbox-pool` bounds and its
-/// image's lease.
-pub struct Spare {
-    prepared: PreparedService,
-    spec: Arc<RunSpec>,
-    lease: Option<Arc<Lease>>,
-    _place: Place,
-    /// When it was made: which spare an expiry is for.
-    pub made: Instant,
-}
-
-impl std::fmt::Debug for Spare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Spare")
-            .field("init", &self.prepared.pid())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Spare {
-    /// Makes a spare for `spec` (the spec of an instance that ran), if the
-    /// runner has a sandbox pool with room; `None` otherwise, or when it
-    /// cannot be made (the next start makes its own and says why).
-    pub async fn make(
-        runner: &Runner,
-        spec: Arc<RunSpec>,
-        lease: Option<Arc<Lease>>,
-    ) -> Option<Spare> {
-        let Some(mut place) = runner.sandbox_place() else {
-            runner.release_lease(lease);
-            return None;
-        };
-        let made = match runner
-            .sandbox()
-            .prepare_service_off_worker(spec.clone())
-            .await
-        {
-            Ok(prepared) => prepared.into_ready().await,
-            Err(e) => Err(e),
-        };
-        match made {
-            Ok(prepared) => {
-                if let Some(bytes) = prepared.memory_bytes() {
-                    place.measured(bytes);
-                }
-                Some(Spare {
-                    prepared,
-                    spec,
-                    lease,
-                    _place: place,
-                    made: Instant::now(),
-                })
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot make a function server's sandbox ahead");
-                runner.release_lease(lease);
-                None
-            }
-        }
-    }
-
-    /// The pid of its init.
-    pub fn pid(&self) -> libc::pid_t {
-        self.prepared.pid()
-    }
-
-    /// Ends it unused: its init and cgroup, then its place and lease.
-    pub async fn end(self, runner: &Runner) {
-        self.prepared.discard().await;
-        runner.release_lease(self.lease);
-    }
-
-    /// [`Spare::end`] off the caller's path (or on it, outside a runtime:
-    /// dropped, it kills its init and waits for it).
-    pub fn end_in_background(self, runner: &Arc<Runner>) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let runner = runner.clone();
-                runtime.spawn(async move { self.end(&runner).await });
-            }
-            Err(_) => drop(self),
-        }
-    }
 }
 
 impl std::fmt::Debug for Instance {
@@ -216,49 +118,23 @@ impl Instance {
             function: def.name.clone(),
             error: Arc::new(error),
         };
-        let fetch = Instant::now();
-        let credentials = credentials(runner, def).await?;
-        let reference = runner.reference(&def.image).map_err(failed)?;
-        let (image, lease) = runner
-            .image(&reference, def.pull_policy, credentials, None)
-            .await
-            .map_err(failed)?;
         let mut args = vec![INSECURE_ARG.to_owned()];
         args.extend(def.args.iter().cloned());
-        let env: Vec<String> = def.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let options = SpecOptions {
-            extra_args: &args,
-            extra_env: &env,
+        let request = ServiceRequest {
+            image: def.image.clone(),
+            pull_policy: def.pull_policy,
+            credentials: credentials(runner, def).await?,
+            args,
+            env: def.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
             network: def.network,
             limits: def.limits,
-            ..SpecOptions::default()
         };
-        let spec = image_spec::run_spec(&image, &runner.sandbox().config().id_map, &options)
+        let service = runner
+            .start_service(&request, spare)
+            .await
             .map_err(failed)?;
-        let started = Instant::now();
-        let (service, from_spare) = match spare {
-            Some(spare) if *spare.spec == spec && spare.prepared.is_usable() => {
-                let service = runner.sandbox().start_prepared_service(spare.prepared);
-                (service, true)
-            }
-            spare => {
-                if let Some(spare) = spare {
-                    // Another image or other options since, or its init
-                    // died: ended off this start's path.
-                    spare.end_in_background(runner);
-                }
-                let sandbox = runner.sandbox();
-                let made = sandbox.prepare_service_off_worker(Arc::new(spec.clone()));
-                let service = match made.await {
-                    Ok(prepared) => sandbox.start_prepared_service(prepared),
-                    Err(e) => Err(e),
-                };
-                (service, false)
-            }
-        };
-        let service = service.map_err(|e| failed(e.into()))?;
+        let started = service.started();
         let exit = service.exit_watch();
-        let spawned = started.elapsed();
         let (upstream, ready) = match wait_ready(def, &service, &exit, started).await {
             Ok(ready) => ready,
             Err(e) => {
@@ -271,11 +147,11 @@ impl Instance {
         tracing::debug!(
             function = def.name,
             instance = id,
-            digest = image.digest,
+            digest = service.kind().digest(),
             pid = service.pid(),
-            from_spare,
-            image_us = crate::context::micros(started - fetch),
-            spawn_us = crate::context::micros(spawned),
+            from_spare = service.from_spare(),
+            image_us = crate::context::micros(service.image_time()),
+            spawn_us = crate::context::micros(service.spawn_time()),
             listening_us = crate::context::micros(ready.listening),
             ready_us = crate::context::micros(started.elapsed()),
             polls = ready.polls,
@@ -286,24 +162,21 @@ impl Instance {
             Instance {
                 id,
                 function: def.name.clone(),
+                from_spare: service.from_spare(),
                 service,
                 exit,
                 upstream: Mutex::new(upstream),
                 reconnect: tokio::sync::Mutex::new(()),
                 unimplemented: [AtomicBool::new(false), AtomicBool::new(false)],
                 started,
-                from_spare,
-                spec: Arc::new(spec),
-                lease,
             },
             started.elapsed(),
         ))
     }
 
-    /// Its run spec and its image's lease: what a [`Spare`] for its
-    /// function's next server is made of.
-    pub fn spare_parts(&self) -> (Arc<RunSpec>, Option<Arc<Lease>>) {
-        (self.spec.clone(), self.lease.clone())
+    /// What a [`Spare`] for its function's next server is made of.
+    pub fn kind(&self) -> ServiceKind {
+        self.service.kind()
     }
 
     /// A handle on the server's end.
@@ -516,21 +389,21 @@ async fn wait_ready(
 pub async fn credentials(runner: &Runner, def: &FunctionDef) -> Result<Credentials, HostError> {
     let source = def.credentials.clone();
     let image = def.image.clone();
-    let cache = runner.cache_handle();
+    let default_registry = runner.cache().default_registry().to_owned();
     let found = tokio::task::spawn_blocking(move || match &source {
         CredentialSource::DaemonDockerConfig => {
-            docker_config::credentials_for_image(cache.default_registry(), &image)
+            docker_config::credentials_for_image(&default_registry, &image)
         }
         CredentialSource::DockerConfig(path) => {
-            docker_config::credentials_from_docker_config(cache.default_registry(), &image, path)
+            docker_config::credentials_from_docker_config(&default_registry, &image, path)
         }
         CredentialSource::PullSecret(path) => {
-            docker_config::credentials_from_pull_secret(cache.default_registry(), &image, path)
+            docker_config::credentials_from_pull_secret(&default_registry, &image, path)
         }
         CredentialSource::PullSecrets(secrets) => {
             for secret in secrets {
                 let found = docker_config::credentials_from_pull_secret_json(
-                    cache.default_registry(),
+                    &default_registry,
                     &image,
                     &secret.origin,
                     &secret.dockerconfigjson,

@@ -244,17 +244,14 @@ impl Runner {
     /// A place in the `--sandbox-pool` bound for a sandbox made ahead
     /// outside the pool (a function server's spare); `None` without a pool
     /// or when it is full.
-    pub fn sandbox_place(&self) -> Option<crate::pool::Place> {
+    pub(crate) fn sandbox_place(&self) -> Option<crate::pool::Place> {
         self.pool.as_ref().and_then(Pool::place)
     }
 
-    /// Lets go of a hold on an image's lease (a function server's spare's);
-    /// if it was the last, the image may be evicted now, and the cache is
-    /// pruned to `--cache-max-size` soon, if one is set.
-    pub fn release_lease(&self, lease: Option<Arc<Lease>>) {
-        if lease.and_then(Arc::into_inner).is_some() {
-            self.maybe_prune();
-        }
+    /// The cache's pruner to `--cache-max-size`, if one is set: what a hold
+    /// on an image's lease asks when it lets go of the last.
+    pub(crate) fn pruner(&self) -> Option<Arc<Pruner>> {
+        self.pruner.clone()
     }
 
     /// Has the cache pruned to `--cache-max-size`, if one is set.
@@ -274,13 +271,13 @@ impl Runner {
         &self.cache
     }
 
-    /// The cache, shared: for work off the runtime's threads.
-    pub fn cache_handle(&self) -> Arc<Cache> {
-        self.cache.clone()
+    pub(crate) fn sandbox(&self) -> &Arc<Sandbox> {
+        &self.sandbox
     }
 
-    pub fn sandbox(&self) -> &Arc<Sandbox> {
-        &self.sandbox
+    /// Which limits this host's sandboxes can enforce.
+    pub fn limit_support(&self) -> &fnrun_sandbox::LimitSupport {
+        self.sandbox.limit_support()
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -354,6 +351,19 @@ impl Runner {
         })
     }
 
+    /// Gets `image` into the cache per `policy` (its registry must be
+    /// allowed), as a call would before its run; returns its digest.
+    pub async fn fetch(
+        &self,
+        image: &str,
+        policy: PullPolicy,
+        credentials: Credentials,
+    ) -> Result<String, RunError> {
+        let reference = self.reference(image)?;
+        let (image, _lease) = self.image(&reference, policy, credentials, None).await?;
+        Ok(image.digest)
+    }
+
     /// A run slot, waiting in a bounded queue for one.
     async fn admit(&self) -> Result<SemaphorePermit<'_>, RunError> {
         if let Ok(permit) = self.slots.try_acquire() {
@@ -396,7 +406,7 @@ impl Runner {
     }
 
     /// Parses an image reference and checks it against `--allowed-registry`.
-    pub fn reference(&self, image: &str) -> Result<ImageRef, RunError> {
+    pub(crate) fn reference(&self, image: &str) -> Result<ImageRef, RunError> {
         let reference = self.cache.parse_reference(image)?;
         self.check_registry(&reference)?;
         Ok(reference)
@@ -404,7 +414,7 @@ impl Runner {
 
     /// The image from the cache (pulled if the policy says so), leased against
     /// pruning until the lease is dropped; counted in the pull and cache metrics.
-    pub async fn image(
+    pub(crate) async fn image(
         &self,
         reference: &ImageRef,
         policy: PullPolicy,
@@ -596,7 +606,7 @@ const PRUNE_EVERY: Duration = Duration::from_secs(10);
 /// Prunes the cache to `--cache-max-size` in the background, at most every
 /// [`PRUNE_EVERY`], and never drops a request: one made within that time of
 /// the last prune is run once the time is up (one for all such requests).
-struct Pruner {
+pub(crate) struct Pruner {
     cache: Arc<Cache>,
     max: u64,
     state: std::sync::Mutex<PruneState>,
@@ -636,7 +646,7 @@ impl PruneState {
 }
 
 impl Pruner {
-    fn request(self: &Arc<Self>) {
+    pub(crate) fn request(self: &Arc<Self>) {
         let wait = self
             .state
             .lock()

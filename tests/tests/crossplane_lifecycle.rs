@@ -4,7 +4,8 @@
 //! all (no process, cgroup holding one, or mount); a crashed server started
 //! again on the next call, then with a backoff; a server that never listens
 //! failing the call with UNAVAILABLE and its output; every server stopped
-//! with the daemon.
+//! with the daemon; a server's image kept in the cache while the server or
+//! its spare holds it, and pruned to `--cache-max-size` once neither does.
 
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,68 @@ fn metric(addr: &str, series: &str) -> f64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// The files under `dir`, recursively.
+fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// A server's image is held in the cache (`--cache-max-size 1`, smaller
+/// than any image) while the server runs and while the spare made after it
+/// waits; when the spare ends unused, the last hold lets go and the cache is
+/// pruned.
+#[test]
+fn a_servers_image_is_pruned_once_its_spare_lets_go() {
+    if !require_root("a_servers_image_is_pruned_once_its_spare_lets_go") {
+        return;
+    }
+    let image = image(Variant::Label);
+    let host = FunctionHost::start(
+        HostOpts::insecure(vec![
+            Entry::new("fn-a", &image.oci_ref()).set("idleTimeout", "1s"),
+        ])
+        .arg("--cache-max-size")
+        .arg("1"),
+    )
+    .unwrap();
+    let blobs = host.daemon().cache_dir().join("blobs/sha256");
+    let outcome = host.call("fn-a").request(SAMPLE_REQUEST).run().unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert!(
+        !files(&blobs).is_empty(),
+        "the running server's image is gone"
+    );
+
+    host.wait_log("function server stopped", 1, Duration::from_secs(10))
+        .unwrap();
+    host.spare_inits(SPARE_MADE, 1, Duration::from_secs(10));
+    assert!(!files(&blobs).is_empty(), "the spare's image is gone");
+
+    // The spare ends after 10 s unused; the prune it asks for may wait up to
+    // 10 s more (one prune every 10 s at most).
+    host.spare_inits(SPARE_ENDED, 1, Duration::from_secs(30));
+    let emptied = fnrun_tests::wait_for(Duration::from_secs(30), || {
+        files(&blobs).is_empty().then_some(())
+    });
+    assert!(
+        emptied.is_some(),
+        "blobs left after the last hold: {:?}\n{}",
+        files(&blobs),
+        host.log()
+    );
 }
 
 #[test]
