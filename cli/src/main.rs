@@ -154,6 +154,7 @@ fn run(args: RunArgs) -> ExitCode {
         false => RunRequest::new(args.image, input),
     };
     req.timeout = args.timeout;
+    req.refuse_function_package = true;
     req.memory_bytes = args.memory;
     req.cpu_millis = args.cpu;
     (req.credentials, req.auth_note) = match fnrun_registry::credentials::find_credentials(
@@ -212,16 +213,7 @@ fn run(args: RunArgs) -> ExitCode {
             }
         }
         Err(e) => {
-            // A Function package (a gRPC server) run as a FunctionIO
-            // function waits for calls until the timeout.
-            let hint = match e {
-                fnrun_runner::error::RunError::TimedOut { .. } => {
-                    " (if the image is a Crossplane v1.14+ Function package, a gRPC server, \
-                     call it with `fnrun function call IMAGE REQUEST`)"
-                }
-                _ => "",
-            };
-            eprintln!("fnrun: {}", error_line(&format!("{e}{hint}")));
+            eprintln!("fnrun: {}", error_line(&e));
             ExitCode::from(e.class().exit_code())
         }
     }

@@ -220,6 +220,12 @@ pub enum RequestError {
     AuthNotUtf8,
     #[error("image pull auth is not base64 of user:password")]
     AuthNotUserPassword,
+    #[error(
+        "the image is a Crossplane Function package{}, a gRPC server, not a FunctionIO \
+         or KRM function: call it with `fnrun function call IMAGE REQUEST`",
+        if name.is_empty() { String::new() } else { format!(" ({name})") }
+    )]
+    FunctionPackage { name: String },
 }
 
 /// For a limit this host cannot enforce: the flag that runs without it.

@@ -10,6 +10,10 @@
 //! rootless runner maps one id, its own, to 0: every function then runs as
 //! 0:0 inside.
 
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
 use fnrun_cache::Image;
 use fnrun_sandbox::{BindMount, HostUser, IdMap, Limits, Network, RunSpec};
 
@@ -146,6 +150,51 @@ fn ids(image: &Image, id_map: &IdMap, run_as: RunAs) -> Result<Ids, RunError> {
     }
 }
 
+/// The most of a `package.yaml` read to tell a Function package.
+const PACKAGE_YAML_MAX: u64 = 1 << 20;
+
+/// The name of the Crossplane Function package `layers` (an image's, bottom
+/// to top) are, if they are one: the topmost layer with a `package.yaml` at
+/// its root has a first document of kind `Function` in
+/// `meta.pkg.crossplane.io`. Such an image is a gRPC server, for `fnrun
+/// function call`, not a FunctionIO or KRM function.
+///
+/// The layers are the image's, so `package.yaml` is hostile input: it is
+/// opened without following a symlink, read only if it is a regular file,
+/// and at most [`PACKAGE_YAML_MAX`] bytes of it, within the YAML bounds.
+pub fn function_package(layers: &[PathBuf]) -> Option<String> {
+    let text = layers.iter().rev().find_map(|l| read_package_yaml(l))?;
+    fnrun_api::yaml_bounds::check_stream(&text).ok()?;
+    let first = serde_norway::Deserializer::from_slice(&text).next()?;
+    let doc: serde_norway::Value = serde::Deserialize::deserialize(first).ok()?;
+    let api_version = doc.get("apiVersion")?.as_str()?;
+    let is_function = api_version.starts_with("meta.pkg.crossplane.io/")
+        && doc.get("kind")?.as_str()? == "Function";
+    is_function.then(|| {
+        doc.get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(serde_norway::Value::as_str)
+            .map(|n| fnrun_api::text::bounded(n, 253).into_owned())
+            .unwrap_or_default()
+    })
+}
+
+/// `package.yaml` at the root of one unpacked layer: `None` if it is not
+/// there or not a regular file.
+fn read_package_yaml(layer: &Path) -> Option<Vec<u8>> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(layer.join("package.yaml"))
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = Vec::new();
+    file.take(PACKAGE_YAML_MAX).read_to_end(&mut text).ok()?;
+    Some(text)
+}
+
 #[cfg(test)]
 mod tests {
     use fnrun_registry::ImageConfig;
@@ -209,5 +258,78 @@ mod tests {
         assert_eq!(spec.limits.pids, Some(64));
         assert_eq!(spec.layers, [dir.path().to_path_buf()]);
         assert!(spec.mounts.is_empty() && spec.caller.is_none());
+    }
+
+    /// Layers, bottom to top, each a directory under `root` with the
+    /// `package.yaml` given, if any.
+    fn layers(root: &Path, packages: &[Option<&str>]) -> Vec<PathBuf> {
+        packages
+            .iter()
+            .enumerate()
+            .map(|(i, package)| {
+                let layer = root.join(format!("layer{i}"));
+                std::fs::create_dir(&layer).unwrap();
+                if let Some(text) = package {
+                    std::fs::write(layer.join("package.yaml"), text).unwrap();
+                }
+                layer
+            })
+            .collect()
+    }
+
+    const FUNCTION: &str = "apiVersion: meta.pkg.crossplane.io/v1beta1\nkind: Function\n\
+                            metadata:\n  name: function-auto-ready\n---\n\
+                            apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n";
+    const PROVIDER: &str =
+        "apiVersion: meta.pkg.crossplane.io/v1\nkind: Provider\nmetadata:\n  name: p\n";
+
+    /// A Function package is told by its `package.yaml` (the topmost one),
+    /// not by a Provider's or a file of another group; an image without one
+    /// is none.
+    #[test]
+    fn a_function_package_is_told_by_its_package_yaml() {
+        let dir = tempfile::tempdir().unwrap();
+        let of = |name: &str, packages: &[Option<&str>]| {
+            let root = dir.path().join(name);
+            std::fs::create_dir(&root).unwrap();
+            function_package(&layers(&root, packages))
+        };
+        assert_eq!(
+            of("function", &[None, Some(FUNCTION), None]).as_deref(),
+            Some("function-auto-ready")
+        );
+        assert_eq!(of("provider", &[Some(PROVIDER)]), None);
+        assert_eq!(of("none", &[None, None]), None);
+        assert_eq!(of("over", &[Some(FUNCTION), Some(PROVIDER)]), None);
+        assert_eq!(
+            of("other-group", &[Some("apiVersion: v1\nkind: Function\n")]),
+            None
+        );
+        assert_eq!(of("not-yaml", &[Some("{{{ [")]), None);
+        assert_eq!(of("empty", &[Some("")]), None);
+    }
+
+    /// `package.yaml` is the image's: a symlink (to a file of the host or
+    /// of another layer), a directory or a FIFO is not read, so a hostile
+    /// image neither reads a host file through it nor blocks the runner.
+    #[test]
+    fn a_package_yaml_that_is_not_a_regular_file_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside.yaml");
+        std::fs::write(&outside, FUNCTION).unwrap();
+        let link = dir.path().join("link");
+        std::fs::create_dir(&link).unwrap();
+        std::os::unix::fs::symlink(&outside, link.join("package.yaml")).unwrap();
+        assert_eq!(function_package(&[link]), None);
+
+        let fifo = dir.path().join("fifo");
+        std::fs::create_dir(&fifo).unwrap();
+        nix::unistd::mkfifo(&fifo.join("package.yaml"), nix::sys::stat::Mode::S_IRUSR)
+            .unwrap();
+        assert_eq!(function_package(&[fifo]), None);
+
+        let subdir = dir.path().join("subdir");
+        std::fs::create_dir_all(subdir.join("package.yaml")).unwrap();
+        assert_eq!(function_package(&[subdir]), None);
     }
 }

@@ -70,6 +70,11 @@ pub struct RunRequest {
     /// where they were looked for (`fnrun run`'s, from
     /// `fnrun_registry::credentials::find_credentials`).
     pub auth_note: Option<String>,
+    /// Refuse a Crossplane Function package ([`image_spec::function_package`])
+    /// before it runs: a gRPC server would only wait for calls until the
+    /// timeout. `fnrun run` asks for it; the daemon's services do not (it
+    /// costs a look into each layer on every call).
+    pub refuse_function_package: bool,
 }
 
 /// A [`PullProgress`] in a [`RunRequest`].
@@ -101,6 +106,7 @@ impl RunRequest {
             mounts: Vec::new(),
             progress: None,
             auth_note: None,
+            refuse_function_package: false,
         }
     }
 
@@ -484,6 +490,11 @@ impl Runner {
                 RunError::Image(e) => RunError::Image(e.noted(req.auth_note.as_deref())),
                 other => other,
             })?;
+        if req.refuse_function_package
+            && let Some(name) = image_spec::function_package(&image.layers)
+        {
+            return Err(RequestError::FunctionPackage { name }.into());
+        }
         let options = SpecOptions {
             extra_args: &[],
             extra_env: &req.env,

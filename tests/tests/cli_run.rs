@@ -73,12 +73,9 @@ fn timeout_exits_124_quickly_and_kills_the_function() {
     assert_eq!(out.code, Some(124), "{}", out.describe());
     assert!(out.elapsed < Duration::from_secs(15), "{}", out.describe());
     assert!(out.stdout.is_empty(), "{}", out.describe());
-    // A Function package (a gRPC server) waits so: the line says where to
-    // take one.
     assert!(
-        out.stderr
-            .contains("call it with `fnrun function call IMAGE REQUEST`"),
-        "{}",
+        !out.stderr.contains("Function package"),
+        "a plain timeout guesses at a Function package: {}",
         out.describe()
     );
     assert_eq!(out.stderr.lines().count(), 1, "{}", out.describe());
@@ -88,6 +85,41 @@ fn timeout_exits_124_quickly_and_kills_the_function() {
         left.is_empty(),
         "the timed-out function is still running: {left:?}"
     );
+}
+
+/// A Crossplane Function package (its `package.yaml` a
+/// `meta.pkg.crossplane.io` `Function`) is a gRPC server: `fnrun run` refuses
+/// it at once, as FunctionIO and as KRM, with exit 2 and a pointer to
+/// `fnrun function call`, instead of waiting for the timeout. Its entrypoint
+/// (here one that would sleep) never starts.
+#[test]
+fn a_function_package_is_pointed_to_function_call() {
+    let registry = registry();
+    let package = "apiVersion: meta.pkg.crossplane.io/v1beta1\nkind: Function\n\
+                   metadata:\n  name: function-sleeps\n";
+    let image = fixtures::sleeper(62)
+        .annotated_layer([("/package.yaml", package)], &[("io.crossplane.xpkg", "base")])
+        .push_to(&registry, "fns/package:v1");
+    let cli = Cli::new().expect("cli");
+    let krm = "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems: []\n";
+    for input in [SAMPLE, krm] {
+        let out = cli.run(&["run", &image, "-"], Some(input.as_bytes()));
+        assert_eq!(out.code, Some(2), "{}", out.describe());
+        assert!(out.elapsed < Duration::from_secs(15), "{}", out.describe());
+        assert!(
+            out.stderr.contains(
+                "is a Crossplane Function package (function-sleeps), a gRPC server"
+            ) && out
+                .stderr
+                .contains("call it with `fnrun function call IMAGE REQUEST`"),
+            "{}",
+            out.describe()
+        );
+        assert!(out.stdout.is_empty(), "{}", out.describe());
+    }
+    let left = fixtures::leftover_processes(&["sleep", "62"], Duration::from_secs(1));
+    fixtures::kill_pids(&left);
+    assert!(left.is_empty(), "the package's entrypoint ran: {left:?}");
 }
 
 #[test]
