@@ -324,8 +324,7 @@ mod tests {
 
         let fifo = dir.path().join("fifo");
         std::fs::create_dir(&fifo).unwrap();
-        nix::unistd::mkfifo(&fifo.join("package.yaml"), nix::sys::stat::Mode::S_IRUSR)
-            .unwrap();
+        nix::unistd::mkfifo(&fifo.join("package.yaml"), nix::sys::stat::Mode::S_IRUSR).unwrap();
         assert_eq!(function_package(&[fifo]), None);
 
         let subdir = dir.path().join("subdir");

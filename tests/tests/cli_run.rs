@@ -98,7 +98,10 @@ fn a_function_package_is_pointed_to_function_call() {
     let package = "apiVersion: meta.pkg.crossplane.io/v1beta1\nkind: Function\n\
                    metadata:\n  name: function-sleeps\n";
     let image = fixtures::sleeper(62)
-        .annotated_layer([("/package.yaml", package)], &[("io.crossplane.xpkg", "base")])
+        .annotated_layer(
+            [("/package.yaml", package)],
+            &[("io.crossplane.xpkg", "base")],
+        )
         .push_to(&registry, "fns/package:v1");
     let cli = Cli::new().expect("cli");
     let krm = "apiVersion: config.kubernetes.io/v1\nkind: ResourceList\nitems: []\n";
@@ -107,11 +110,11 @@ fn a_function_package_is_pointed_to_function_call() {
         assert_eq!(out.code, Some(2), "{}", out.describe());
         assert!(out.elapsed < Duration::from_secs(15), "{}", out.describe());
         assert!(
-            out.stderr.contains(
-                "is a Crossplane Function package (function-sleeps), a gRPC server"
-            ) && out
-                .stderr
-                .contains("call it with `fnrun function call IMAGE REQUEST`"),
+            out.stderr
+                .contains("is a Crossplane Function package (function-sleeps), a gRPC server")
+                && out
+                    .stderr
+                    .contains("call it with `fnrun function call IMAGE REQUEST`"),
             "{}",
             out.describe()
         );
