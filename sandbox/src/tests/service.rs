@@ -58,6 +58,38 @@ fn alive(pid: libc::pid_t) -> bool {
     proc_status(pid, "State").is_some_and(|s| !s.starts_with('Z'))
 }
 
+/// Init's parent-death signal is tied to the thread that cloned it, not
+/// the process. Without the spawner, a service started from a thread that
+/// then ends (as a tokio blocking thread ends after 10 s idle) must keep
+/// running: the direct launcher clones every init on a thread of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_spawner_a_service_outlives_the_thread_that_started_it() {
+    let fx = Fixture::with(|c| c.spawner = false);
+    let port = service_port();
+    let spec = echo_server(&fx, port);
+    let runtime = tokio::runtime::Handle::current();
+    let service = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let _entered = runtime.enter();
+                fx.sandbox.start_service(&spec)
+            })
+            .join()
+            .expect("the starting thread does not panic")
+    })
+    .unwrap();
+    // The thread that started it has ended.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Some(exit) = service.try_exit() {
+        panic!("the service ended with the thread that started it: {exit:?}");
+    }
+    assert!(alive(service.pid()));
+    let stream = connect_when_ready(&service, port).await;
+    assert_eq!(echo(stream, "still here").await, "still here");
+    let exit = service.stop().await;
+    assert!(exit.stopped, "{exit:?}");
+}
+
 #[tokio::test]
 async fn a_service_is_reached_inside_its_network_namespace_and_stopped() {
     let fx = Fixture::new();
