@@ -18,6 +18,8 @@ mod package;
 mod progress;
 mod serve;
 mod support;
+#[cfg(test)]
+mod surface;
 
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
