@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::commands::serve::ServeArgs;
 use crate::config::{
     AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs,
     parse_cpu_limit, parse_memory_limit,
 };
-use crate::serve::ServeArgs;
 
 /// A rootless container function runner for Crossplane composition functions.
 #[derive(Debug, Parser)]
@@ -107,19 +107,19 @@ pub enum Command {
     /// stderr when stderr is a terminal.
     Pull(PullArgs),
     /// Manage the image cache: list, inspect, rm, prune, verify.
-    Cache(crate::cache_cmd::CacheCmdArgs),
+    Cache(crate::commands::cache::CacheCmdArgs),
     /// Serve or call one Crossplane v1 function (a Function package).
-    Function(crate::function_cmd::FunctionArgs),
+    Function(crate::commands::function::FunctionArgs),
     /// Print fnrun's version, commit, target and compiler.
-    Version(crate::meta_cmd::VersionArgs),
+    Version(crate::commands::meta::VersionArgs),
     /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
     ///
     /// bash: `source <(fnrun completion bash)`; zsh: `fnrun completion zsh >
     /// "${fpath[1]}/_fnrun"`; fish: `fnrun completion fish >
     /// ~/.config/fish/completions/fnrun.fish`.
-    Completion(crate::meta_cmd::CompletionArgs),
+    Completion(crate::commands::meta::CompletionArgs),
     /// Print the man page (roff), or write one per command into a directory.
-    Man(crate::meta_cmd::ManArgs),
+    Man(crate::commands::meta::ManArgs),
 }
 
 #[derive(Debug, Args)]

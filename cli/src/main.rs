@@ -6,17 +6,14 @@
 // rustdoc would take for links; escaping them would show in `--help`.
 #![allow(rustdoc::broken_intra_doc_links)]
 
-mod cache_cmd;
 mod cli;
+mod commands;
 mod config;
-mod function_cmd;
 mod functions_args;
 mod krm;
-mod meta_cmd;
 mod output;
 mod package;
 mod progress;
-mod serve;
 mod support;
 #[cfg(test)]
 mod surface;
@@ -49,9 +46,9 @@ fn main() -> ExitCode {
     let default_level = match &cli.command {
         Command::Serve(_) => LogLevel::Info,
         Command::Function(f) => match f.command {
-            function_cmd::FunctionCommand::Serve(_) => LogLevel::Info,
+            commands::function::FunctionCommand::Serve(_) => LogLevel::Info,
             // `call` prints the response and, on failure, one error line.
-            function_cmd::FunctionCommand::Call(_) => LogLevel::Off,
+            commands::function::FunctionCommand::Call(_) => LogLevel::Off,
         },
         // `run` prints the output FunctionIO and, on failure, one error line.
         Command::Run(_)
@@ -68,18 +65,18 @@ fn main() -> ExitCode {
     };
     init_logging(cli.log_format, level, default_level);
     match cli.command {
-        Command::Serve(args) => match serve::serve(args) {
+        Command::Serve(args) => match commands::serve::serve(args) {
             Ok(None) => ExitCode::SUCCESS,
             Ok(Some(stopped)) => ExitCode::from(stopped.exit_code()),
             Err(e) => daemon_failed(&e, support::exit_code_of(&e)),
         },
         Command::Run(args) => run(args),
         Command::Pull(args) => pull(args),
-        Command::Cache(args) => cache_cmd::main(args),
-        Command::Function(args) => function_cmd::main(args),
-        Command::Version(args) => meta_cmd::version(args),
-        Command::Completion(args) => meta_cmd::completion(args, Cli::command()),
-        Command::Man(args) => meta_cmd::man(args, Cli::command()),
+        Command::Cache(args) => commands::cache::main(args),
+        Command::Function(args) => commands::function::main(args),
+        Command::Version(args) => commands::meta::version(args),
+        Command::Completion(args) => commands::meta::completion(args, Cli::command()),
+        Command::Man(args) => commands::meta::man(args, Cli::command()),
     }
 }
 

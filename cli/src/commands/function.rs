@@ -31,12 +31,12 @@ use crate::config::{
     AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs,
     parse_cpu_limit, parse_memory_limit,
 };
-use fnrun_runner::error::{Class, bounded};
-use fnrun_runner::runner::Admission;
 use fnrun_host::catalogue::{self, CredentialSource, FunctionDef, Mode};
 use fnrun_host::instance::Api;
 use fnrun_host::routing::Route;
 use fnrun_host::{CallError, Catalogue, Host, Routing, listener};
+use fnrun_runner::error::{Class, bounded};
+use fnrun_runner::runner::Admission;
 use fnrun_transport::deadline::CallDeadline;
 use fnrun_transport::listen::ListenAddr;
 

@@ -25,11 +25,11 @@ use std::time::Duration;
 use crate::config::{CacheArgs, SandboxArgs, parse_mode, parse_size};
 use crate::functions_args::FunctionsArgs;
 use crate::support::{Stopped, Usage};
+use fnrun_evaluator::EvaluatorService;
+use fnrun_host::FunctionMetrics;
 use fnrun_runner::metrics::dir_bytes;
 use fnrun_runner::runner::Admission;
 use fnrun_runner::runner::Runner;
-use fnrun_evaluator::EvaluatorService;
-use fnrun_host::FunctionMetrics;
 use fnrun_transport::authority::NormalizeAuthority;
 use fnrun_transport::deadline::DeadlineLayer;
 use fnrun_transport::listen::{ListenAddr, Listener};
@@ -105,7 +105,7 @@ pub struct ServeArgs {
     /// not called for 10s keeps none. 0: every call makes its own. A pooled
     /// sandbox holds its image in the cache: --cache-max-size evicts it
     /// once the pool has let go of it.
-    #[arg(long, value_name = "N", default_value_t = crate::serve::DEFAULT_SANDBOX_POOL)]
+    #[arg(long, value_name = "N", default_value_t = crate::commands::serve::DEFAULT_SANDBOX_POOL)]
     pub sandbox_pool: usize,
     /// Memory the sandboxes made ahead may hold between them (each is
     /// measured once made: its cgroup's peak, else its init's PSS): none is
