@@ -1,15 +1,11 @@
-//! The command line: `fnrun`'s global flags and its commands, each with its
-//! flags (those of `run` and `pull` here; the others' in their modules).
+//! The command line: `fnrun`'s global flags and its commands (each one's
+//! flags are in its module under [`crate::commands`]).
 
-use std::time::Duration;
+use clap::{Parser, Subcommand, ValueEnum};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-
+use crate::commands::pull::PullArgs;
+use crate::commands::run::RunArgs;
 use crate::commands::serve::ServeArgs;
-use crate::config::{
-    AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs,
-    parse_cpu_limit, parse_memory_limit,
-};
 
 /// A rootless container function runner for Crossplane composition functions.
 #[derive(Debug, Parser)]
@@ -122,73 +118,12 @@ pub enum Command {
     Man(crate::commands::meta::ManArgs),
 }
 
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    /// Kill the function after this long (e.g. 30s, 500ms, 1m).
-    #[arg(long, default_value = "25s", value_parser = fnrun_api::duration::parse)]
-    pub timeout: Duration,
-    /// When to pull the image: IfNotPresent (kpt: ifNotPresent), Always or
-    /// Never.
-    #[arg(long, value_enum, ignore_case = true, default_value_t = PullPolicyArg::IfNotPresent)]
-    pub image_pull_policy: PullPolicyArg,
-    /// The function's network: Isolated (none or isolated: loopback only,
-    /// in a network namespace of its own) or Runner (the host's network).
-    #[arg(long, value_enum, ignore_case = true, default_value_t = NetworkPolicyArg::Isolated)]
-    pub network_policy: NetworkPolicyArg,
-    /// Memory limit: a Kubernetes quantity (128Mi, 1Gi; 1G is 10^9 bytes)
-    /// or podman's spelling, in binary units (128m, 1g, 100k, 512b); at
-    /// least 4Mi.
-    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
-    pub memory: Option<u64>,
-    /// CPU limit, more than 0: a Kubernetes quantity (500m is half a core,
-    /// 2 two cores).
-    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_limit)]
-    pub cpu: Option<u64>,
-    /// The function image: [docker://][REGISTRY/]REPO[:TAG][@DIGEST],
-    /// oci:PATH[:TAG] or oci-archive:PATH[:TAG].
-    pub image: String,
-    /// The input FunctionIO (or, for a KRM function, ResourceList) file, or -
-    /// for stdin.
-    #[arg(default_value = "-")]
-    pub input: String,
-    // Flag groups, each under its heading in `run --help`.
-    #[command(flatten)]
-    pub krm: crate::krm::KrmArgs,
-    #[command(flatten)]
-    pub sandbox: SandboxArgs,
-    #[command(flatten)]
-    pub cache: CacheArgs,
-    #[command(flatten)]
-    pub auth: AuthArgs,
-}
-
-#[derive(Debug, Args)]
-pub struct PullArgs {
-    /// Images to pull: [docker://][REGISTRY/]REPO[:TAG][@DIGEST],
-    /// oci:PATH[:TAG] or oci-archive:PATH[:TAG].
-    #[arg(required = true)]
-    pub images: Vec<String>,
-    /// Output format: text (`REFERENCE DIGEST` lines), json or yaml (a list
-    /// of {image, reference, digest}, printed when every image is pulled).
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
-    /// Print only each image's digest, and no progress bars (podman pull
-    /// -q).
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    #[command(flatten)]
-    pub cache: CacheArgs,
-    #[command(flatten)]
-    pub auth: AuthArgs,
-    #[command(flatten)]
-    pub ids: crate::config::IdMapArgs,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::parse_path;
     use std::path::PathBuf;
+    use std::time::Duration;
 
     #[test]
     fn paths_are_made_absolute_at_start() {

@@ -5,4 +5,6 @@
 pub mod cache;
 pub mod function;
 pub mod meta;
+pub mod pull;
+pub mod run;
 pub mod serve;

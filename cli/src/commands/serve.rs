@@ -9,6 +9,7 @@
 //! killed and their sandboxes removed, and it exits 128 + the signal's
 //! number (130 for SIGINT), as a process killed by it would.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -144,8 +145,18 @@ fn render_metrics(
     })
 }
 
+/// Runs `fnrun serve`: exits 0 once stopped by a signal, 128 + the number
+/// of a second signal that stopped it at once.
+pub fn main(args: ServeArgs) -> ExitCode {
+    match serve(args) {
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(stopped)) => ExitCode::from(stopped.exit_code()),
+        Err(e) => crate::support::daemon_failed(&e, crate::support::exit_code_of(&e)),
+    }
+}
+
 /// Serves until a signal; `Some` when a second signal stopped it at once.
-pub fn serve(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
+fn serve(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
     crate::support::raise_open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
