@@ -73,10 +73,12 @@ pub struct AuthArgs {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Sandbox flags")]
 pub struct SandboxArgs {
-    /// First host uid of the 65536 ids mapped into sandboxes (privileged runner).
+    /// First host uid of the 65536 ids mapped into sandboxes (privileged
+    /// runner); they own the files of the layers unpacked.
     #[arg(long, default_value_t = 100000)]
     pub map_root_uid: u32,
-    /// First host gid of the 65536 ids mapped into sandboxes (privileged runner).
+    /// First host gid of the 65536 ids mapped into sandboxes (privileged
+    /// runner); they own the files of the layers unpacked.
     #[arg(long, default_value_t = 100000)]
     pub map_root_gid: u32,
     /// Most bytes of stdout a function may write.
@@ -101,11 +103,11 @@ pub struct SandboxArgs {
 #[command(next_help_heading = "Sandbox flags")]
 pub struct IdMapArgs {
     /// First host uid of the 65536 ids mapped into sandboxes (privileged
-    /// runner): the owner of the files unpacked.
+    /// runner); they own the files of the layers unpacked.
     #[arg(long, default_value_t = 100000)]
     pub map_root_uid: u32,
     /// First host gid of the 65536 ids mapped into sandboxes (privileged
-    /// runner).
+    /// runner); they own the files of the layers unpacked.
     #[arg(long, default_value_t = 100000)]
     pub map_root_gid: u32,
 }

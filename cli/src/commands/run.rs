@@ -21,7 +21,9 @@ use crate::{config, krm, package, progress, support};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Kill the function after this long (e.g. 30s, 500ms, 1m).
+    /// The deadline, e.g. 30s, 500ms, 1m: of the run (`run`: the function is
+    /// killed past it), or of a call (`function call`: the server's start is
+    /// not counted; `function serve`: of a call whose caller sets none).
     #[arg(long, default_value = "25s", value_parser = fnrun_api::duration::parse)]
     pub timeout: Duration,
     /// When to pull the image: IfNotPresent (kpt: ifNotPresent), Always or
@@ -32,13 +34,13 @@ pub struct RunArgs {
     /// in a network namespace of its own) or Runner (the host's network).
     #[arg(long, value_enum, ignore_case = true, default_value_t = NetworkPolicyArg::Isolated)]
     pub network_policy: NetworkPolicyArg,
-    /// Memory limit: a Kubernetes quantity (128Mi, 1Gi; 1G is 10^9 bytes)
-    /// or podman's spelling, in binary units (128m, 1g, 100k, 512b); at
-    /// least 4Mi.
+    /// Memory limit [default: none]: a Kubernetes quantity (128Mi, 1Gi; 1G
+    /// is 10^9 bytes) or podman's spelling, in binary units (128m, 1g, 100k,
+    /// 512b); at least 4Mi.
     #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
     pub memory: Option<u64>,
-    /// CPU limit, more than 0: a Kubernetes quantity (500m is half a core,
-    /// 2 two cores).
+    /// CPU limit [default: none], more than 0: a Kubernetes quantity (500m
+    /// is half a core, 2 two cores).
     #[arg(long, value_name = "CPUS", value_parser = parse_cpu_limit)]
     pub cpu: Option<u64>,
     /// The function image: [docker://][REGISTRY/]REPO[:TAG][@DIGEST],
