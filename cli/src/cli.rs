@@ -136,7 +136,7 @@ mod tests {
         let Command::Run(r) = cli.command else {
             panic!()
         };
-        assert_eq!(r.cache.cache_dir, Some(cwd.join("c")));
+        assert_eq!(r.cache.dir.cache_dir, Some(cwd.join("c")));
     }
 
     #[test]
@@ -162,7 +162,7 @@ mod tests {
         let Command::Run(r) = cli.command else {
             panic!()
         };
-        assert_eq!(r.timeout, Duration::from_secs(2));
+        assert_eq!(r.timeout.timeout, Duration::from_secs(2));
         assert_eq!(r.input, "in.yaml");
     }
 
@@ -182,7 +182,7 @@ mod tests {
             let Command::Run(r) = cli.command else {
                 panic!()
             };
-            assert_eq!(format!("{:?}", r.image_pull_policy), want, "{given}");
+            assert_eq!(format!("{:?}", r.policy.image_pull_policy), want, "{given}");
         }
         assert!(
             Cli::try_parse_from(["fnrun", "run", "--image-pull-policy", "sometimes", "img"])
@@ -205,7 +205,7 @@ mod tests {
             let Command::Run(r) = cli.command else {
                 panic!()
             };
-            assert_eq!(format!("{:?}", r.network_policy), want, "{given}");
+            assert_eq!(format!("{:?}", r.policy.network_policy), want, "{given}");
         }
         assert!(Cli::try_parse_from(["fnrun", "run", "--network-policy", "host", "img"]).is_err());
     }

@@ -10,7 +10,6 @@
 //! when it found damage, which it removed so that the next run fetches or unpacks it
 //! again (a second `verify` then exits 0), or when it could not finish.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::SystemTime;
 
@@ -20,13 +19,13 @@ use serde::Serialize;
 
 use crate::config::OutputFormat;
 
-/// `fnrun cache` flags.
+/// `fnrun cache` flags: `--cache-dir` is the other commands', made global
+/// (`fnrun cache list --cache-dir DIR`).
 #[derive(Debug, Args)]
+#[command(mut_arg("cache_dir", |a| a.global(true)))]
 pub struct CacheCmdArgs {
-    /// Cache directory [default: $FNRUN_CACHE_DIR, else /var/cache/fnrun as
-    /// root, else $XDG_CACHE_HOME/fnrun].
-    #[arg(long, env = "FNRUN_CACHE_DIR", global = true, value_parser = crate::config::parse_path)]
-    pub cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub dir: crate::config::CacheDirArgs,
     #[command(subcommand)]
     pub action: CacheAction,
 }
@@ -94,7 +93,7 @@ pub fn main(args: CacheCmdArgs) -> ExitCode {
 }
 
 fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
-    let root = match args.cache_dir {
+    let root = match args.dir.cache_dir {
         Some(dir) => dir,
         None => {
             let dir = crate::config::default_cache_dir()?;

@@ -22,15 +22,11 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use clap::{Args, Subcommand, ValueEnum};
 use fnrun_api::Quoted;
-use fnrun_cache::PullPolicy;
-use fnrun_sandbox::{Limits, Network};
+use fnrun_sandbox::Limits;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use tonic::metadata::MetadataMap;
 
-use crate::config::{
-    AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs,
-    parse_cpu_limit, parse_memory_limit,
-};
+use crate::config::{AuthArgs, CacheArgs, OutputFormat, RunPolicyArgs, SandboxArgs, TimeoutArgs};
 use fnrun_host::catalogue::{self, CredentialSource, FunctionDef, Mode};
 use fnrun_host::instance::Api;
 use fnrun_host::routing::Route;
@@ -77,23 +73,9 @@ pub struct FunctionOptions {
     /// image, run per call on a FunctionIO).
     #[arg(long, value_enum, default_value_t = ModeArg::Server)]
     pub mode: ModeArg,
-    /// When to pull the image: IfNotPresent (kpt: ifNotPresent), Always or
-    /// Never.
-    #[arg(long, value_enum, ignore_case = true, default_value_t = PullPolicyArg::IfNotPresent)]
-    pub image_pull_policy: PullPolicyArg,
-    /// The function's network: Isolated (none or isolated: loopback only,
-    /// in a network namespace of its own) or Runner (the host's network).
-    #[arg(long, value_enum, ignore_case = true, default_value_t = NetworkPolicyArg::Isolated)]
-    pub network_policy: NetworkPolicyArg,
-    /// Memory limit [default: none]: a Kubernetes quantity (128Mi, 1Gi; 1G
-    /// is 10^9 bytes) or podman's spelling, in binary units (128m, 1g, 100k,
-    /// 512b); at least 4Mi.
-    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
-    pub memory: Option<u64>,
-    /// CPU limit [default: none], more than 0: a Kubernetes quantity (500m
-    /// is half a core, 2 two cores).
-    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_limit)]
-    pub cpu: Option<u64>,
+    // Shared with `run`.
+    #[command(flatten)]
+    pub policy: RunPolicyArgs,
     /// Processes and threads the function may have.
     #[arg(long)]
     pub pids: Option<u64>,
@@ -138,11 +120,8 @@ pub struct ServeArgs {
     /// stopped (kept for as long again, 10s at least).
     #[arg(long, default_value = "0", value_parser = fnrun_api::duration::parse)]
     pub idle_timeout: Duration,
-    /// The deadline, e.g. 30s, 500ms, 1m: of the run (`run`: the function is
-    /// killed past it), or of a call (`function call`: the server's start is
-    /// not counted; `function serve`: of a call whose caller sets none).
-    #[arg(long, default_value = "25s", value_parser = fnrun_api::duration::parse)]
-    pub timeout: Duration,
+    #[command(flatten)]
+    pub timeout: TimeoutArgs,
     /// Permissions of a unix socket (octal).
     #[arg(long, default_value = "0660", value_parser = crate::config::parse_mode)]
     pub socket_mode: u32,
@@ -154,11 +133,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct CallArgs {
-    /// The deadline, e.g. 30s, 500ms, 1m: of the run (`run`: the function is
-    /// killed past it), or of a call (`function call`: the server's start is
-    /// not counted; `function serve`: of a call whose caller sets none).
-    #[arg(long, default_value = "25s", value_parser = fnrun_api::duration::parse)]
-    pub timeout: Duration,
+    #[command(flatten)]
+    pub timeout: TimeoutArgs,
     /// Output format of the response: yaml or json (the protobuf JSON
     /// mapping).
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
@@ -199,18 +175,11 @@ fn definition(
         ModeArg::Server => Mode::Server,
         ModeArg::FunctionIo => Mode::FunctionIo,
     };
-    def.pull_policy = match options.image_pull_policy {
-        PullPolicyArg::IfNotPresent => PullPolicy::IfNotPresent,
-        PullPolicyArg::Always => PullPolicy::Always,
-        PullPolicyArg::Never => PullPolicy::Never,
-    };
-    def.network = match options.network_policy {
-        NetworkPolicyArg::Isolated => Network::Isolated,
-        NetworkPolicyArg::Runner => Network::Runner,
-    };
+    def.pull_policy = options.policy.image_pull_policy.into();
+    def.network = options.policy.network_policy.into();
     def.limits = Limits {
-        memory_bytes: options.memory,
-        cpu_millis: options.cpu,
+        memory_bytes: options.policy.memory,
+        cpu_millis: options.policy.cpu,
         pids: options.pids,
     };
     if let Some(path) = &options.pull_secret {
@@ -275,7 +244,7 @@ fn admission() -> Admission {
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::support::raise_open_files_limit();
     let idle = (!args.idle_timeout.is_zero()).then_some(args.idle_timeout);
-    let def = definition(&args.image, &args.options, idle, args.timeout)
+    let def = definition(&args.image, &args.options, idle, args.timeout.timeout)
         .map_err(|e| crate::support::Usage(format!("{e:#}")))?;
     let addrs = ListenAddr::resolve(&args.listen)
         .map_err(|e| crate::support::Usage(format!("--listen {e:#}")))?;
@@ -452,7 +421,7 @@ fn call(args: CallArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(crate::support::EXIT_USAGE, &e),
     };
-    let def = match definition(&args.image, &args.options, None, args.timeout) {
+    let def = match definition(&args.image, &args.options, None, args.timeout.timeout) {
         Ok(def) => def,
         Err(e) => return fail(crate::support::EXIT_USAGE, &e),
     };
@@ -496,7 +465,7 @@ fn call(args: CallArgs) -> ExitCode {
                         Api::V1,
                         Bytes::from(request),
                         MetadataMap::new(),
-                        Some(CallDeadline::from_now(args.timeout)),
+                        Some(CallDeadline::from_now(args.timeout.timeout)),
                     )
                     .await
                 }

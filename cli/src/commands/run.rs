@@ -5,44 +5,24 @@
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Args;
-use fnrun_cache::PullPolicy;
 use fnrun_runner::runner::{PullDisplay, RunRequest};
 use fnrun_sandbox::Network;
 
 use crate::config::{
-    AuthArgs, CacheArgs, NetworkPolicyArg, PullPolicyArg, SandboxArgs, parse_cpu_limit,
-    parse_memory_limit,
+    AuthArgs, CacheArgs, NetworkPolicyArg, RunPolicyArgs, SandboxArgs, TimeoutArgs,
 };
 use crate::support::{EXIT_FAILED, EXIT_USAGE, error_line};
 use crate::{config, krm, package, progress, support};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The deadline, e.g. 30s, 500ms, 1m: of the run (`run`: the function is
-    /// killed past it), or of a call (`function call`: the server's start is
-    /// not counted; `function serve`: of a call whose caller sets none).
-    #[arg(long, default_value = "25s", value_parser = fnrun_api::duration::parse)]
-    pub timeout: Duration,
-    /// When to pull the image: IfNotPresent (kpt: ifNotPresent), Always or
-    /// Never.
-    #[arg(long, value_enum, ignore_case = true, default_value_t = PullPolicyArg::IfNotPresent)]
-    pub image_pull_policy: PullPolicyArg,
-    /// The function's network: Isolated (none or isolated: loopback only,
-    /// in a network namespace of its own) or Runner (the host's network).
-    #[arg(long, value_enum, ignore_case = true, default_value_t = NetworkPolicyArg::Isolated)]
-    pub network_policy: NetworkPolicyArg,
-    /// Memory limit [default: none]: a Kubernetes quantity (128Mi, 1Gi; 1G
-    /// is 10^9 bytes) or podman's spelling, in binary units (128m, 1g, 100k,
-    /// 512b); at least 4Mi.
-    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
-    pub memory: Option<u64>,
-    /// CPU limit [default: none], more than 0: a Kubernetes quantity (500m
-    /// is half a core, 2 two cores).
-    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_limit)]
-    pub cpu: Option<u64>,
+    // Shared with `function serve` and `function call`.
+    #[command(flatten)]
+    pub timeout: TimeoutArgs,
+    #[command(flatten)]
+    pub policy: RunPolicyArgs,
     /// The function image: [docker://][REGISTRY/]REPO[:TAG][@DIGEST],
     /// oci:PATH[:TAG] or oci-archive:PATH[:TAG].
     pub image: String,
@@ -107,9 +87,9 @@ pub fn main(args: RunArgs) -> ExitCode {
         true => RunRequest::krm(args.image, input),
         false => RunRequest::new(args.image, input),
     };
-    req.timeout = args.timeout;
-    req.memory_bytes = args.memory;
-    req.cpu_millis = args.cpu;
+    req.timeout = args.timeout.timeout;
+    req.memory_bytes = args.policy.memory;
+    req.cpu_millis = args.policy.cpu;
     (req.credentials, req.auth_note) = match fnrun_registry::credentials::find_credentials(
         runner.cache().default_registry(),
         &req.image,
@@ -121,12 +101,8 @@ pub fn main(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILED);
         }
     };
-    req.pull_policy = match args.image_pull_policy {
-        PullPolicyArg::IfNotPresent => PullPolicy::IfNotPresent,
-        PullPolicyArg::Always => PullPolicy::Always,
-        PullPolicyArg::Never => PullPolicy::Never,
-    };
-    req.network = match (args.network_policy, args.krm.network) {
+    req.pull_policy = args.policy.image_pull_policy.into();
+    req.network = match (args.policy.network_policy, args.krm.network) {
         (NetworkPolicyArg::Runner, _) | (_, true) => Network::Runner,
         (NetworkPolicyArg::Isolated, false) => Network::Isolated,
     };
