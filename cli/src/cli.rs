@@ -100,7 +100,8 @@ pub enum Command {
     /// Prefetch images into the cache.
     ///
     /// Prints `REFERENCE DIGEST` for each image pulled, and a progress bar per layer on
-    /// stderr when stderr is a terminal.
+    /// stderr when stderr is a terminal; with -o json or yaml, a list of {image,
+    /// reference, digest}, once every image is pulled.
     Pull(PullArgs),
     /// Manage the image cache: list, inspect, rm, prune, verify.
     Cache(crate::commands::cache::CacheCmdArgs),

@@ -35,14 +35,18 @@ pub enum CacheAction {
     /// List cached images with their size and last use.
     #[command(visible_alias = "ls")]
     List {
-        /// Output format: text (a table), json or yaml.
+        /// Output format: text (for people), json or yaml. The text of `cache
+        /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
+        /// JSON mapping).
         #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
     /// Show what the cache holds of an image: digests, size, last use,
     /// config and layers (JSON, as `skopeo inspect` prints; -o yaml).
     Inspect {
-        /// Output format: json (also for text) or yaml.
+        /// Output format: text (for people), json or yaml. The text of `cache
+        /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
+        /// JSON mapping).
         #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Json)]
         output: OutputFormat,
         /// A cached reference, or its digest (sha256:HEX, or the 12 hex
@@ -56,7 +60,9 @@ pub enum CacheAction {
         /// Say what would be removed; remove nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Output format: text, json or yaml.
+        /// Output format: text (for people), json or yaml. The text of `cache
+        /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
+        /// JSON mapping).
         #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
         /// Cached references, or digests (sha256:HEX, or the 12 hex digits
@@ -73,7 +79,9 @@ pub enum CacheAction {
         /// Say what would be removed; remove nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Output format: text, json or yaml.
+        /// Output format: text (for people), json or yaml. The text of `cache
+        /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
+        /// JSON mapping).
         #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },

@@ -135,8 +135,9 @@ pub struct ServeArgs {
 pub struct CallArgs {
     #[command(flatten)]
     pub timeout: TimeoutArgs,
-    /// Output format of the response: yaml or json (the protobuf JSON
-    /// mapping).
+    /// Output format: text (for people), json or yaml. The text of `cache
+    /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
+    /// JSON mapping).
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
     pub output: OutputFormat,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST], oci:PATH[:TAG] or oci-archive:PATH[:TAG].

@@ -13,7 +13,9 @@ use crate::config::OutputFormat;
 
 #[derive(Debug, Args)]
 pub struct VersionArgs {
-    /// Output format: text, json or yaml.
+    /// Output format: text (for people), json or yaml. The text of `cache
+    /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
+    /// JSON mapping).
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }

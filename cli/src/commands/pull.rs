@@ -17,8 +17,9 @@ pub struct PullArgs {
     /// oci:PATH[:TAG] or oci-archive:PATH[:TAG].
     #[arg(required = true)]
     pub images: Vec<String>,
-    /// Output format: text (`REFERENCE DIGEST` lines), json or yaml (a list
-    /// of {image, reference, digest}, printed when every image is pulled).
+    /// Output format: text (for people), json or yaml. The text of `cache
+    /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
+    /// JSON mapping).
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
     /// Print only each image's digest, and no progress bars (podman pull
