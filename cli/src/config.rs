@@ -31,6 +31,19 @@ pub struct CacheDirArgs {
     pub cache_dir: Option<PathBuf>,
 }
 
+/// `-o`/`--output` of every command that prints for scripts (`pull`,
+/// `cache list|inspect|rm|prune`, `function call`, `version`): text by
+/// default, but json for `cache inspect` and yaml for `function call`,
+/// whose text is that (they set it with `mut_arg`, and the help says so).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct OutputArgs {
+    /// Output format: text (for people), json or yaml. The text of `cache
+    /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
+    /// JSON mapping).
+    #[arg(id = "output", short = 'o', long = "output", value_name = "OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
+    pub format: OutputFormat,
+}
+
 /// Flags for the image cache and registries.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Registry flags")]

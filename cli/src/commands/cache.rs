@@ -17,7 +17,7 @@ use clap::{Args, Subcommand};
 use fnrun_cache::{Cache, CacheConfig, CachedImage, PruneReport};
 use serde::Serialize;
 
-use crate::config::OutputFormat;
+use crate::config::{OutputArgs, OutputFormat};
 
 /// `fnrun cache` flags: `--cache-dir` is the other commands', made global
 /// (`fnrun cache list --cache-dir DIR`).
@@ -35,20 +35,15 @@ pub enum CacheAction {
     /// List cached images with their size and last use.
     #[command(visible_alias = "ls")]
     List {
-        /// Output format: text (for people), json or yaml. The text of `cache
-        /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
-        /// JSON mapping).
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-        output: OutputFormat,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Show what the cache holds of an image: digests, size, last use,
     /// config and layers (JSON, as `skopeo inspect` prints; -o yaml).
+    #[command(mut_arg("output", |a| a.default_value("json")))]
     Inspect {
-        /// Output format: text (for people), json or yaml. The text of `cache
-        /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
-        /// JSON mapping).
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Json)]
-        output: OutputFormat,
+        #[command(flatten)]
+        output: OutputArgs,
         /// A cached reference, or its digest (sha256:HEX, or the 12 hex
         /// digits `cache list` shows).
         image: String,
@@ -60,11 +55,8 @@ pub enum CacheAction {
         /// Say what would be removed; remove nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Output format: text (for people), json or yaml. The text of `cache
-        /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
-        /// JSON mapping).
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-        output: OutputFormat,
+        #[command(flatten)]
+        output: OutputArgs,
         /// Cached references, or digests (sha256:HEX, or the 12 hex digits
         /// `cache list` shows).
         #[arg(required = true, value_name = "IMAGE")]
@@ -79,11 +71,8 @@ pub enum CacheAction {
         /// Say what would be removed; remove nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Output format: text (for people), json or yaml. The text of `cache
-        /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
-        /// JSON mapping).
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-        output: OutputFormat,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Rehash every blob, check every layer and reference, remove what is damaged.
     /// Exit 0: sound; 1: damage was found and removed (or verify failed).
@@ -109,7 +98,9 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
             // verify or prune, and nothing is created to say so.
             if !dir.exists() {
                 return match &args.action {
-                    CacheAction::List { output } => Ok(crate::output::print(match output {
+                    CacheAction::List {
+                        output: OutputArgs { format: output },
+                    } => Ok(crate::output::print(match output {
                         OutputFormat::Text => table(&[], SystemTime::now()),
                         format => crate::output::render(&Vec::<Listed>::new(), *format),
                     })),
@@ -143,7 +134,9 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     match args.action {
-        CacheAction::List { output } => {
+        CacheAction::List {
+            output: OutputArgs { format: output },
+        } => {
             let images = rt.block_on(cache.list())?;
             let text = match output {
                 OutputFormat::Text => table(&images, SystemTime::now()),
@@ -154,7 +147,10 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
             };
             Ok(crate::output::print(text))
         }
-        CacheAction::Inspect { output, image } => match rt.block_on(cache.inspect(&image))? {
+        CacheAction::Inspect {
+            output: OutputArgs { format: output },
+            image,
+        } => match rt.block_on(cache.inspect(&image))? {
             Some(details) => Ok(crate::output::print(crate::output::render(
                 &details, output,
             ))),
@@ -165,7 +161,7 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
         },
         CacheAction::Rm {
             dry_run,
-            output,
+            output: OutputArgs { format: output },
             images,
         } => {
             let r = rt.block_on(cache.remove(&images, dry_run))?;
@@ -196,7 +192,7 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
         CacheAction::Prune {
             max_size,
             dry_run,
-            output,
+            output: OutputArgs { format: output },
         } => {
             let r = match (max_size, dry_run) {
                 (max, true) => rt.block_on(cache.prune_dry_run(max))?,

@@ -26,7 +26,9 @@ use fnrun_sandbox::Limits;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use tonic::metadata::MetadataMap;
 
-use crate::config::{AuthArgs, CacheArgs, OutputFormat, RunPolicyArgs, SandboxArgs, TimeoutArgs};
+use crate::config::{
+    AuthArgs, CacheArgs, OutputArgs, OutputFormat, RunPolicyArgs, SandboxArgs, TimeoutArgs,
+};
 use fnrun_host::catalogue::{self, CredentialSource, FunctionDef, Mode};
 use fnrun_host::instance::Api;
 use fnrun_host::routing::Route;
@@ -132,14 +134,12 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(mut_arg("output", |a| a.default_value("yaml")))]
 pub struct CallArgs {
     #[command(flatten)]
     pub timeout: TimeoutArgs,
-    /// Output format: text (for people), json or yaml. The text of `cache
-    /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
-    /// JSON mapping).
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST], oci:PATH[:TAG] or oci-archive:PATH[:TAG].
     pub image: String,
     /// The RunFunctionRequest (YAML or JSON, protobuf JSON mapping), or - for stdin.
@@ -484,7 +484,7 @@ fn call(args: CallArgs) -> ExitCode {
         match result {
             Ok(response) => {
                 let bytes = response.into_inner();
-                let yaml = match response_text(&bytes, args.output) {
+                let yaml = match response_text(&bytes, args.output.format) {
                     Ok(yaml) => yaml,
                     Err(e) => return fail(crate::support::EXIT_FAILED, &format!("{e:#}")),
                 };

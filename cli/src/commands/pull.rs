@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 use fnrun_cache::{GetOptions, PullPolicy};
 
-use crate::config::{AuthArgs, CacheArgs, IdMapArgs, OutputFormat};
+use crate::config::{AuthArgs, CacheArgs, IdMapArgs, OutputArgs, OutputFormat};
 use crate::support::{EXIT_FAILED, EXIT_USAGE, current_thread_runtime, error_line};
 use crate::{config, output, progress};
 
@@ -17,11 +17,8 @@ pub struct PullArgs {
     /// oci:PATH[:TAG] or oci-archive:PATH[:TAG].
     #[arg(required = true)]
     pub images: Vec<String>,
-    /// Output format: text (for people), json or yaml. The text of `cache
-    /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
-    /// JSON mapping).
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Print only each image's digest, and no progress bars (podman pull
     /// -q).
     #[arg(short = 'q', long)]
@@ -86,10 +83,10 @@ pub fn main(args: PullArgs) -> ExitCode {
             bars.close();
         }
         match result {
-            Ok(img) if args.output == OutputFormat::Text && args.quiet => {
+            Ok(img) if args.output.format == OutputFormat::Text && args.quiet => {
                 println!("{}", img.digest)
             }
-            Ok(img) if args.output == OutputFormat::Text => {
+            Ok(img) if args.output.format == OutputFormat::Text => {
                 println!("{} {}", img.reference, img.digest)
             }
             Ok(img) => pulled.push(Pulled {
@@ -103,8 +100,8 @@ pub fn main(args: PullArgs) -> ExitCode {
             }
         }
     }
-    if args.output != OutputFormat::Text
-        && output::print(output::render(&pulled, args.output)) != ExitCode::SUCCESS
+    if args.output.format != OutputFormat::Text
+        && output::print(output::render(&pulled, args.output.format)) != ExitCode::SUCCESS
     {
         return ExitCode::from(EXIT_FAILED);
     }
