@@ -124,7 +124,7 @@ pub struct ServeArgs {
     pub idle_timeout: Duration,
     #[command(flatten)]
     pub timeout: TimeoutArgs,
-    /// Permissions of a unix socket (octal).
+    /// Permissions of unix sockets (octal); never world-writable.
     #[arg(long, default_value = "0660", value_parser = crate::config::parse_mode)]
     pub socket_mode: u32,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST], oci:PATH[:TAG] or oci-archive:PATH[:TAG].
