@@ -44,6 +44,22 @@ pub struct OutputArgs {
     pub format: OutputFormat,
 }
 
+/// `--socket-mode` of the daemons, `serve` and `function serve`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct SocketModeArgs {
+    /// Permissions of unix sockets (octal); never world-writable.
+    #[arg(long, default_value = "0660", value_parser = parse_mode)]
+    pub socket_mode: u32,
+}
+
+/// `--dry-run` of `cache rm` and `cache prune`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct DryRunArgs {
+    /// Say what would be removed; remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
 /// Flags for the image cache and registries.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Registry flags")]

@@ -17,7 +17,7 @@ use clap::{Args, Subcommand};
 use fnrun_cache::{Cache, CacheConfig, CachedImage, PruneReport};
 use serde::Serialize;
 
-use crate::config::{OutputArgs, OutputFormat};
+use crate::config::{DryRunArgs, OutputArgs, OutputFormat};
 
 /// `fnrun cache` flags: `--cache-dir` is the other commands', made global
 /// (`fnrun cache list --cache-dir DIR`).
@@ -52,9 +52,8 @@ pub enum CacheAction {
     /// is kept (exit 1).
     #[command(visible_alias = "rmi")]
     Rm {
-        /// Say what would be removed; remove nothing.
-        #[arg(long)]
-        dry_run: bool,
+        #[command(flatten)]
+        dry_run: DryRunArgs,
         #[command(flatten)]
         output: OutputArgs,
         /// Cached references, or digests (sha256:HEX, or the 12 hex digits
@@ -68,9 +67,8 @@ pub enum CacheAction {
         /// Largest size the cache may keep (e.g. 10Gi, 0 for everything not in use).
         #[arg(long, value_name = "SIZE", value_parser = crate::config::parse_size)]
         max_size: Option<u64>,
-        /// Say what would be removed; remove nothing.
-        #[arg(long)]
-        dry_run: bool,
+        #[command(flatten)]
+        dry_run: DryRunArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
@@ -160,7 +158,7 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
             ),
         },
         CacheAction::Rm {
-            dry_run,
+            dry_run: DryRunArgs { dry_run },
             output: OutputArgs { format: output },
             images,
         } => {
@@ -191,7 +189,7 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
         }
         CacheAction::Prune {
             max_size,
-            dry_run,
+            dry_run: DryRunArgs { dry_run },
             output: OutputArgs { format: output },
         } => {
             let r = match (max_size, dry_run) {

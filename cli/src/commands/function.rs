@@ -27,7 +27,8 @@ use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use tonic::metadata::MetadataMap;
 
 use crate::config::{
-    AuthArgs, CacheArgs, OutputArgs, OutputFormat, RunPolicyArgs, SandboxArgs, TimeoutArgs,
+    AuthArgs, CacheArgs, OutputArgs, OutputFormat, RunPolicyArgs, SandboxArgs, SocketModeArgs,
+    TimeoutArgs,
 };
 use fnrun_host::catalogue::{self, CredentialSource, FunctionDef, Mode};
 use fnrun_host::instance::Api;
@@ -124,9 +125,8 @@ pub struct ServeArgs {
     pub idle_timeout: Duration,
     #[command(flatten)]
     pub timeout: TimeoutArgs,
-    /// Permissions of unix sockets (octal); never world-writable.
-    #[arg(long, default_value = "0660", value_parser = crate::config::parse_mode)]
-    pub socket_mode: u32,
+    #[command(flatten)]
+    pub socket_mode: SocketModeArgs,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST], oci:PATH[:TAG] or oci-archive:PATH[:TAG].
     pub image: String,
     #[command(flatten)]
@@ -273,7 +273,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut servers = Vec::new();
         let mut socket_files = Vec::new();
         for addr in &addrs {
-            let listener = addr.bind(args.socket_mode)?;
+            let listener = addr.bind(args.socket_mode.socket_mode)?;
             if let fnrun_transport::listen::Listener::Unix(_, Some(path)) = &listener {
                 socket_files.push(path.clone());
             }

@@ -23,7 +23,7 @@ use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::{CacheArgs, SandboxArgs, parse_mode, parse_size};
+use crate::config::{CacheArgs, SandboxArgs, SocketModeArgs, parse_size};
 use crate::functions_args::FunctionsArgs;
 use crate::support::{Stopped, Usage};
 use fnrun_evaluator::EvaluatorService;
@@ -64,9 +64,8 @@ pub struct ServeArgs {
     /// RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
-    /// Permissions of unix sockets (octal); never world-writable.
-    #[arg(long, default_value = "0660", value_parser = parse_mode)]
-    pub socket_mode: u32,
+    #[command(flatten)]
+    pub socket_mode: SocketModeArgs,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics, and the probes
     /// /readyz (200 once fnrun can serve: in Kubernetes mode once it has read
     /// the API; 503 saying why until then) and /livez.
@@ -251,7 +250,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
     let mut servers = Vec::new();
     let mut socket_files = Vec::new();
     for addr in &addrs {
-        let listener = addr.bind(args.socket_mode)?;
+        let listener = addr.bind(args.socket_mode.socket_mode)?;
         tracing::info!(address = %addr, "listening");
         let router = Server::builder()
             .layer(DeadlineLayer)
@@ -300,7 +299,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
                 runner.clone(),
                 function_metrics,
                 tls_metrics,
-                args.socket_mode,
+                args.socket_mode.socket_mode,
                 stopped(shutdown_rx.clone()),
             )
             .await?;
@@ -318,7 +317,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
                 runner.clone(),
                 function_metrics,
                 tls_metrics,
-                args.socket_mode,
+                args.socket_mode.socket_mode,
                 stopped(shutdown_rx.clone()),
             )
             .await?,
