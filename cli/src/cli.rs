@@ -1,15 +1,11 @@
-//! The command line: `fnrun`'s global flags and its commands, each with its
-//! flags (those of `run` and `pull` here; the others' in their modules).
+//! The command line: `fnrun`'s global flags and its commands (each one's
+//! flags are in its module under [`crate::commands`]).
 
-use std::time::Duration;
+use clap::{Parser, Subcommand, ValueEnum};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-
-use crate::config::{
-    AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs,
-    parse_cpu_limit, parse_memory_limit,
-};
-use crate::serve::ServeArgs;
+use crate::commands::pull::PullArgs;
+use crate::commands::run::RunArgs;
+use crate::commands::serve::ServeArgs;
 
 /// A rootless container function runner for Crossplane composition functions.
 #[derive(Debug, Parser)]
@@ -104,84 +100,23 @@ pub enum Command {
     /// Prefetch images into the cache.
     ///
     /// Prints `REFERENCE DIGEST` for each image pulled, and a progress bar per layer on
-    /// stderr when stderr is a terminal.
+    /// stderr when stderr is a terminal; with -o json or yaml, a list of {image,
+    /// reference, digest}, once every image is pulled.
     Pull(PullArgs),
     /// Manage the image cache: list, inspect, rm, prune, verify.
-    Cache(crate::cache_cmd::CacheCmdArgs),
+    Cache(crate::commands::cache::CacheCmdArgs),
     /// Serve or call one Crossplane v1 function (a Function package).
-    Function(crate::function_cmd::FunctionArgs),
+    Function(crate::commands::function::FunctionArgs),
     /// Print fnrun's version, commit, target and compiler.
-    Version(crate::meta_cmd::VersionArgs),
+    Version(crate::commands::meta::VersionArgs),
     /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
     ///
     /// bash: `source <(fnrun completion bash)`; zsh: `fnrun completion zsh >
     /// "${fpath[1]}/_fnrun"`; fish: `fnrun completion fish >
     /// ~/.config/fish/completions/fnrun.fish`.
-    Completion(crate::meta_cmd::CompletionArgs),
+    Completion(crate::commands::meta::CompletionArgs),
     /// Print the man page (roff), or write one per command into a directory.
-    Man(crate::meta_cmd::ManArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    /// Kill the function after this long (e.g. 30s, 500ms, 1m).
-    #[arg(long, default_value = "25s", value_parser = fnrun_api::duration::parse)]
-    pub timeout: Duration,
-    /// When to pull the image: IfNotPresent (kpt: ifNotPresent), Always or
-    /// Never.
-    #[arg(long, value_enum, ignore_case = true, default_value_t = PullPolicyArg::IfNotPresent)]
-    pub image_pull_policy: PullPolicyArg,
-    /// The function's network: Isolated (none or isolated: loopback only,
-    /// in a network namespace of its own) or Runner (the host's network).
-    #[arg(long, value_enum, ignore_case = true, default_value_t = NetworkPolicyArg::Isolated)]
-    pub network_policy: NetworkPolicyArg,
-    /// Memory limit: a Kubernetes quantity (128Mi, 1Gi; 1G is 10^9 bytes)
-    /// or podman's spelling, in binary units (128m, 1g, 100k, 512b); at
-    /// least 4Mi.
-    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
-    pub memory: Option<u64>,
-    /// CPU limit, more than 0: a Kubernetes quantity (500m is half a core,
-    /// 2 two cores).
-    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_limit)]
-    pub cpu: Option<u64>,
-    /// The function image: [docker://][REGISTRY/]REPO[:TAG][@DIGEST],
-    /// oci:PATH[:TAG] or oci-archive:PATH[:TAG].
-    pub image: String,
-    /// The input FunctionIO (or, for a KRM function, ResourceList) file, or -
-    /// for stdin.
-    #[arg(default_value = "-")]
-    pub input: String,
-    // Flag groups, each under its heading in `run --help`.
-    #[command(flatten)]
-    pub krm: crate::krm::KrmArgs,
-    #[command(flatten)]
-    pub sandbox: SandboxArgs,
-    #[command(flatten)]
-    pub cache: CacheArgs,
-    #[command(flatten)]
-    pub auth: AuthArgs,
-}
-
-#[derive(Debug, Args)]
-pub struct PullArgs {
-    /// Images to pull: [docker://][REGISTRY/]REPO[:TAG][@DIGEST],
-    /// oci:PATH[:TAG] or oci-archive:PATH[:TAG].
-    #[arg(required = true)]
-    pub images: Vec<String>,
-    /// Output format: text (`REFERENCE DIGEST` lines), json or yaml (a list
-    /// of {image, reference, digest}, printed when every image is pulled).
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
-    /// Print only each image's digest, and no progress bars (podman pull
-    /// -q).
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    #[command(flatten)]
-    pub cache: CacheArgs,
-    #[command(flatten)]
-    pub auth: AuthArgs,
-    #[command(flatten)]
-    pub ids: crate::config::IdMapArgs,
+    Man(crate::commands::meta::ManArgs),
 }
 
 #[cfg(test)]
@@ -189,6 +124,7 @@ mod tests {
     use super::*;
     use crate::config::parse_path;
     use std::path::PathBuf;
+    use std::time::Duration;
 
     #[test]
     fn paths_are_made_absolute_at_start() {
@@ -201,7 +137,7 @@ mod tests {
         let Command::Run(r) = cli.command else {
             panic!()
         };
-        assert_eq!(r.cache.cache_dir, Some(cwd.join("c")));
+        assert_eq!(r.cache.dir.cache_dir, Some(cwd.join("c")));
     }
 
     #[test]
@@ -227,7 +163,7 @@ mod tests {
         let Command::Run(r) = cli.command else {
             panic!()
         };
-        assert_eq!(r.timeout, Duration::from_secs(2));
+        assert_eq!(r.timeout.timeout, Duration::from_secs(2));
         assert_eq!(r.input, "in.yaml");
     }
 
@@ -247,7 +183,7 @@ mod tests {
             let Command::Run(r) = cli.command else {
                 panic!()
             };
-            assert_eq!(format!("{:?}", r.image_pull_policy), want, "{given}");
+            assert_eq!(format!("{:?}", r.policy.image_pull_policy), want, "{given}");
         }
         assert!(
             Cli::try_parse_from(["fnrun", "run", "--image-pull-policy", "sometimes", "img"])
@@ -270,7 +206,7 @@ mod tests {
             let Command::Run(r) = cli.command else {
                 panic!()
             };
-            assert_eq!(format!("{:?}", r.network_policy), want, "{given}");
+            assert_eq!(format!("{:?}", r.policy.network_policy), want, "{given}");
         }
         assert!(Cli::try_parse_from(["fnrun", "run", "--network-policy", "host", "img"]).is_err());
     }

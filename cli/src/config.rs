@@ -2,10 +2,11 @@
 //! cache, sandbox and runner from them.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use fnrun_cache::{Cache, CacheConfig, LayerOwner};
-use fnrun_sandbox::{IdMap, Sandbox, SandboxConfig};
+use fnrun_cache::{Cache, CacheConfig, LayerOwner, PullPolicy};
+use fnrun_sandbox::{IdMap, Network, Sandbox, SandboxConfig};
 
 use fnrun_runner::runner::{Admission, Runner};
 
@@ -20,14 +21,51 @@ pub enum OutputFormat {
     Yaml,
 }
 
-/// Flags for the image cache and registries.
+/// `--cache-dir`: among the registry flags of the commands that pull
+/// ([`CacheArgs`]), and a global flag of `fnrun cache`, which makes it so.
 #[derive(Debug, Clone, Args)]
-#[command(next_help_heading = "Registry flags")]
-pub struct CacheArgs {
+pub struct CacheDirArgs {
     /// Cache directory [default: $FNRUN_CACHE_DIR, else /var/cache/fnrun as
     /// root, else $XDG_CACHE_HOME/fnrun].
     #[arg(long, env = "FNRUN_CACHE_DIR", value_parser = crate::config::parse_path)]
     pub cache_dir: Option<PathBuf>,
+}
+
+/// `-o`/`--output` of every command that prints for scripts (`pull`,
+/// `cache list|inspect|rm|prune`, `function call`, `version`): text by
+/// default, but json for `cache inspect` and yaml for `function call`,
+/// whose text is that (they set it with `mut_arg`, and the help says so).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct OutputArgs {
+    /// Output format: text (for people), json or yaml. The text of `cache
+    /// inspect` is JSON, and of `function call` YAML (its json is the protobuf
+    /// JSON mapping).
+    #[arg(id = "output", short = 'o', long = "output", value_name = "OUTPUT", value_enum, default_value_t = OutputFormat::Text)]
+    pub format: OutputFormat,
+}
+
+/// `--socket-mode` of the daemons, `serve` and `function serve`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct SocketModeArgs {
+    /// Permissions of unix sockets (octal); never world-writable.
+    #[arg(long, default_value = "0660", value_parser = parse_mode)]
+    pub socket_mode: u32,
+}
+
+/// `--dry-run` of `cache rm` and `cache prune`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct DryRunArgs {
+    /// Say what would be removed; remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Flags for the image cache and registries.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Registry flags")]
+pub struct CacheArgs {
+    #[command(flatten)]
+    pub dir: CacheDirArgs,
     /// Default registry for unqualified image references.
     #[arg(long, default_value = fnrun_registry::DOCKER_HUB)]
     pub registry: String,
@@ -73,12 +111,8 @@ pub struct AuthArgs {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Sandbox flags")]
 pub struct SandboxArgs {
-    /// First host uid of the 65536 ids mapped into sandboxes (privileged runner).
-    #[arg(long, default_value_t = 100000)]
-    pub map_root_uid: u32,
-    /// First host gid of the 65536 ids mapped into sandboxes (privileged runner).
-    #[arg(long, default_value_t = 100000)]
-    pub map_root_gid: u32,
+    #[command(flatten)]
+    pub ids: IdMapArgs,
     /// Most bytes of stdout a function may write.
     #[arg(long, default_value = "100Mi", value_parser = parse_size)]
     pub max_output_bytes: u64,
@@ -95,17 +129,18 @@ pub struct SandboxArgs {
     pub best_effort_limits: bool,
 }
 
-/// The id map of the layers a pull unpacks (`fnrun pull`: the sandbox's
-/// other flags are for runs).
+/// The id map of the sandboxes, and of the layers a pull unpacks: among the
+/// sandbox flags ([`SandboxArgs`]), and alone in `fnrun pull` (the
+/// sandbox's other flags are for runs).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Sandbox flags")]
 pub struct IdMapArgs {
     /// First host uid of the 65536 ids mapped into sandboxes (privileged
-    /// runner): the owner of the files unpacked.
+    /// runner); they own the files of the layers unpacked.
     #[arg(long, default_value_t = 100000)]
     pub map_root_uid: u32,
     /// First host gid of the 65536 ids mapped into sandboxes (privileged
-    /// runner).
+    /// runner); they own the files of the layers unpacked.
     #[arg(long, default_value_t = 100000)]
     pub map_root_gid: u32,
 }
@@ -114,14 +149,48 @@ impl IdMapArgs {
     /// The sandbox flags of a run with these ids and every other default.
     pub fn sandbox(&self) -> SandboxArgs {
         SandboxArgs {
-            map_root_uid: self.map_root_uid,
-            map_root_gid: self.map_root_gid,
+            ids: self.clone(),
             max_output_bytes: 100 << 20,
             seccomp_profile: None,
             seccomp_unconfined: false,
             best_effort_limits: false,
         }
     }
+}
+
+/// `--timeout` of `run`, `function serve` and `function call`: 25s in each,
+/// the deadline of what each runs (its help says which).
+#[derive(Debug, Clone, Args)]
+pub struct TimeoutArgs {
+    /// The deadline, e.g. 30s, 500ms, 1m: of the run (`run`: the function is
+    /// killed past it), or of a call (`function call`: the server's start is
+    /// not counted; `function serve`: of a call whose caller sets none).
+    #[arg(long, default_value = "25s", value_parser = fnrun_api::duration::parse)]
+    pub timeout: Duration,
+}
+
+/// How a function's image is pulled and what its sandbox may use: the
+/// flags of `run` and of `function serve` and `function call` (which add
+/// `--pids`).
+#[derive(Debug, Clone, Args)]
+pub struct RunPolicyArgs {
+    /// When to pull the image: IfNotPresent (kpt: ifNotPresent), Always or
+    /// Never.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = PullPolicyArg::IfNotPresent)]
+    pub image_pull_policy: PullPolicyArg,
+    /// The function's network: Isolated (none or isolated: loopback only,
+    /// in a network namespace of its own) or Runner (the host's network).
+    #[arg(long, value_enum, ignore_case = true, default_value_t = NetworkPolicyArg::Isolated)]
+    pub network_policy: NetworkPolicyArg,
+    /// Memory limit [default: none]: a Kubernetes quantity (128Mi, 1Gi; 1G
+    /// is 10^9 bytes) or podman's spelling, in binary units (128m, 1g, 100k,
+    /// 512b); at least 4Mi.
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
+    pub memory: Option<u64>,
+    /// CPU limit [default: none], more than 0: a Kubernetes quantity (500m
+    /// is half a core, 2 two cores).
+    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_limit)]
+    pub cpu: Option<u64>,
 }
 
 /// Kubernetes' spellings (`IfNotPresent`), kpt's (`ifNotPresent`) and any
@@ -136,6 +205,16 @@ pub enum PullPolicyArg {
     Never,
 }
 
+impl From<PullPolicyArg> for PullPolicy {
+    fn from(policy: PullPolicyArg) -> PullPolicy {
+        match policy {
+            PullPolicyArg::IfNotPresent => PullPolicy::IfNotPresent,
+            PullPolicyArg::Always => PullPolicy::Always,
+            PullPolicyArg::Never => PullPolicy::Never,
+        }
+    }
+}
+
 /// `--network-policy`, as the v1alpha1 API's `NetworkPolicy`; `none` (as
 /// podman's and docker's `--network none`) is Isolated.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -146,6 +225,15 @@ pub enum NetworkPolicyArg {
     /// The runner's (the host's) network.
     #[value(name = "Runner")]
     Runner,
+}
+
+impl From<NetworkPolicyArg> for Network {
+    fn from(policy: NetworkPolicyArg) -> Network {
+        match policy {
+            NetworkPolicyArg::Isolated => Network::Isolated,
+            NetworkPolicyArg::Runner => Network::Runner,
+        }
+    }
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -333,11 +421,11 @@ pub fn build_runner(
     sandbox: &SandboxArgs,
     admission: Admission,
 ) -> anyhow::Result<Runner> {
-    let root = match &cache.cache_dir {
+    let root = match &cache.dir.cache_dir {
         Some(dir) => dir.clone(),
         None => default_cache_dir()?,
     };
-    let id_map = IdMap::detect(sandbox.map_root_uid, sandbox.map_root_gid);
+    let id_map = IdMap::detect(sandbox.ids.map_root_uid, sandbox.ids.map_root_gid);
     if let IdMap::Range {
         host_uid, host_gid, ..
     } = id_map

@@ -22,14 +22,13 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use clap::{Args, Subcommand, ValueEnum};
 use fnrun_api::Quoted;
-use fnrun_cache::PullPolicy;
-use fnrun_sandbox::{Limits, Network};
+use fnrun_sandbox::Limits;
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor};
 use tonic::metadata::MetadataMap;
 
 use crate::config::{
-    AuthArgs, CacheArgs, NetworkPolicyArg, OutputFormat, PullPolicyArg, SandboxArgs,
-    parse_cpu_limit, parse_memory_limit,
+    AuthArgs, CacheArgs, OutputArgs, OutputFormat, RunPolicyArgs, SandboxArgs, SocketModeArgs,
+    TimeoutArgs,
 };
 use fnrun_host::catalogue::{self, CredentialSource, FunctionDef, Mode};
 use fnrun_host::instance::Api;
@@ -77,21 +76,9 @@ pub struct FunctionOptions {
     /// image, run per call on a FunctionIO).
     #[arg(long, value_enum, default_value_t = ModeArg::Server)]
     pub mode: ModeArg,
-    /// When to pull the image: IfNotPresent (kpt: ifNotPresent), Always or
-    /// Never.
-    #[arg(long, value_enum, ignore_case = true, default_value_t = PullPolicyArg::IfNotPresent)]
-    pub image_pull_policy: PullPolicyArg,
-    /// The function's network: Isolated (none or isolated: loopback only,
-    /// in a network namespace of its own) or Runner (the host's network).
-    #[arg(long, value_enum, ignore_case = true, default_value_t = NetworkPolicyArg::Isolated)]
-    pub network_policy: NetworkPolicyArg,
-    /// Memory limit: a Kubernetes quantity (256Mi, 1Gi; 1G is 10^9 bytes)
-    /// or podman's spelling, in binary units (256m, 1g); at least 4Mi.
-    #[arg(long, value_name = "SIZE", value_parser = parse_memory_limit)]
-    pub memory: Option<u64>,
-    /// CPU limit, more than 0: a Kubernetes quantity (500m is half a core).
-    #[arg(long, value_name = "CPUS", value_parser = parse_cpu_limit)]
-    pub cpu: Option<u64>,
+    // Shared with `run`.
+    #[command(flatten)]
+    pub policy: RunPolicyArgs,
     /// Processes and threads the function may have.
     #[arg(long)]
     pub pids: Option<u64>,
@@ -136,12 +123,10 @@ pub struct ServeArgs {
     /// stopped (kept for as long again, 10s at least).
     #[arg(long, default_value = "0", value_parser = fnrun_api::duration::parse)]
     pub idle_timeout: Duration,
-    /// A call's deadline when the caller sets none.
-    #[arg(long, default_value = "25s", value_parser = fnrun_api::duration::parse)]
-    pub timeout: Duration,
-    /// Permissions of a unix socket (octal).
-    #[arg(long, default_value = "0660", value_parser = crate::config::parse_mode)]
-    pub socket_mode: u32,
+    #[command(flatten)]
+    pub timeout: TimeoutArgs,
+    #[command(flatten)]
+    pub socket_mode: SocketModeArgs,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST], oci:PATH[:TAG] or oci-archive:PATH[:TAG].
     pub image: String,
     #[command(flatten)]
@@ -149,14 +134,12 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(mut_arg("output", |a| a.default_value("yaml")))]
 pub struct CallArgs {
-    /// The call's deadline (the server's start is not counted).
-    #[arg(long, default_value = "25s", value_parser = fnrun_api::duration::parse)]
-    pub timeout: Duration,
-    /// Output format of the response: yaml or json (the protobuf JSON
-    /// mapping).
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub timeout: TimeoutArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// The function image: [REGISTRY/]REPO[:TAG][@DIGEST], oci:PATH[:TAG] or oci-archive:PATH[:TAG].
     pub image: String,
     /// The RunFunctionRequest (YAML or JSON, protobuf JSON mapping), or - for stdin.
@@ -193,18 +176,11 @@ fn definition(
         ModeArg::Server => Mode::Server,
         ModeArg::FunctionIo => Mode::FunctionIo,
     };
-    def.pull_policy = match options.image_pull_policy {
-        PullPolicyArg::IfNotPresent => PullPolicy::IfNotPresent,
-        PullPolicyArg::Always => PullPolicy::Always,
-        PullPolicyArg::Never => PullPolicy::Never,
-    };
-    def.network = match options.network_policy {
-        NetworkPolicyArg::Isolated => Network::Isolated,
-        NetworkPolicyArg::Runner => Network::Runner,
-    };
+    def.pull_policy = options.policy.image_pull_policy.into();
+    def.network = options.policy.network_policy.into();
     def.limits = Limits {
-        memory_bytes: options.memory,
-        cpu_millis: options.cpu,
+        memory_bytes: options.policy.memory,
+        cpu_millis: options.policy.cpu,
         pids: options.pids,
     };
     if let Some(path) = &options.pull_secret {
@@ -269,7 +245,7 @@ fn admission() -> Admission {
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::support::raise_open_files_limit();
     let idle = (!args.idle_timeout.is_zero()).then_some(args.idle_timeout);
-    let def = definition(&args.image, &args.options, idle, args.timeout)
+    let def = definition(&args.image, &args.options, idle, args.timeout.timeout)
         .map_err(|e| crate::support::Usage(format!("{e:#}")))?;
     let addrs = ListenAddr::resolve(&args.listen)
         .map_err(|e| crate::support::Usage(format!("--listen {e:#}")))?;
@@ -297,7 +273,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut servers = Vec::new();
         let mut socket_files = Vec::new();
         for addr in &addrs {
-            let listener = addr.bind(args.socket_mode)?;
+            let listener = addr.bind(args.socket_mode.socket_mode)?;
             if let fnrun_transport::listen::Listener::Unix(_, Some(path)) = &listener {
                 socket_files.push(path.clone());
             }
@@ -446,7 +422,7 @@ fn call(args: CallArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(crate::support::EXIT_USAGE, &e),
     };
-    let def = match definition(&args.image, &args.options, None, args.timeout) {
+    let def = match definition(&args.image, &args.options, None, args.timeout.timeout) {
         Ok(def) => def,
         Err(e) => return fail(crate::support::EXIT_USAGE, &e),
     };
@@ -490,7 +466,7 @@ fn call(args: CallArgs) -> ExitCode {
                         Api::V1,
                         Bytes::from(request),
                         MetadataMap::new(),
-                        Some(CallDeadline::from_now(args.timeout)),
+                        Some(CallDeadline::from_now(args.timeout.timeout)),
                     )
                     .await
                 }
@@ -508,7 +484,7 @@ fn call(args: CallArgs) -> ExitCode {
         match result {
             Ok(response) => {
                 let bytes = response.into_inner();
-                let yaml = match response_text(&bytes, args.output) {
+                let yaml = match response_text(&bytes, args.output.format) {
                     Ok(yaml) => yaml,
                     Err(e) => return fail(crate::support::EXIT_FAILED, &format!("{e:#}")),
                 };

@@ -9,6 +9,7 @@
 //! killed and their sandboxes removed, and it exits 128 + the signal's
 //! number (130 for SIGINT), as a process killed by it would.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -18,11 +19,13 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
+use fnrun_host::daemon::FunctionsDaemon;
+
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::{CacheArgs, SandboxArgs, parse_mode, parse_size};
+use crate::config::{CacheArgs, SandboxArgs, SocketModeArgs, parse_size};
 use crate::functions_args::FunctionsArgs;
 use crate::support::{Stopped, Usage};
 use fnrun_evaluator::EvaluatorService;
@@ -63,9 +66,8 @@ pub struct ServeArgs {
     /// RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
-    /// Permissions of unix sockets (octal); never world-writable.
-    #[arg(long, default_value = "0660", value_parser = parse_mode)]
-    pub socket_mode: u32,
+    #[command(flatten)]
+    pub socket_mode: SocketModeArgs,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics, and the probes
     /// /readyz (200 once fnrun can serve: in Kubernetes mode once it has read
     /// the API; 503 saying why until then) and /livez.
@@ -105,7 +107,7 @@ pub struct ServeArgs {
     /// not called for 10s keeps none. 0: every call makes its own. A pooled
     /// sandbox holds its image in the cache: --cache-max-size evicts it
     /// once the pool has let go of it.
-    #[arg(long, value_name = "N", default_value_t = crate::serve::DEFAULT_SANDBOX_POOL)]
+    #[arg(long, value_name = "N", default_value_t = crate::commands::serve::DEFAULT_SANDBOX_POOL)]
     pub sandbox_pool: usize,
     /// Memory the sandboxes made ahead may hold between them (each is
     /// measured once made: its cgroup's peak, else its init's PSS): none is
@@ -144,8 +146,18 @@ fn render_metrics(
     })
 }
 
+/// Runs `fnrun serve`: exits 0 once stopped by a signal, 128 + the number
+/// of a second signal that stopped it at once.
+pub fn main(args: ServeArgs) -> ExitCode {
+    match serve(args) {
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(stopped)) => ExitCode::from(stopped.exit_code()),
+        Err(e) => crate::support::daemon_failed(&e, crate::support::exit_code_of(&e)),
+    }
+}
+
 /// Serves until a signal; `Some` when a second signal stopped it at once.
-pub fn serve(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
+fn serve(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
     crate::support::raise_open_files_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -163,6 +175,61 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
     // socket exists must stop the daemon gracefully, not be lost (an inherited
     // SIG_IGN, as in a non-interactive shell's background job) or kill it.
     let mut signals = Signals::install()?;
+    let addrs = check_config(&args)?;
+    let runner = start_runner(&args)?;
+    let shutdown = Shutdown::new();
+    // Each part counts its own; a scrape renders them all.
+    let function_metrics = Arc::new(FunctionMetrics::default());
+    let tls_metrics = Arc::new(HandshakeMetrics::default());
+    // `/readyz` of the metrics listener: ready once every listener is bound
+    // and, in Kubernetes mode, once the controller has read the API and
+    // minted the certificates.
+    let readiness = Arc::new(fnrun_transport::readiness::Readiness::new("starting"));
+    let metrics_task = match args.metrics_listen {
+        Some(addr) => Some(
+            fnrun_transport::metrics_http::serve(
+                addr,
+                render_metrics(&runner, &function_metrics, &tls_metrics),
+                readiness.clone(),
+                shutdown.stopped(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    if !args.prefetch.is_empty() {
+        tokio::spawn(fnrun_evaluator::prefetch(
+            runner.clone(),
+            args.prefetch.clone(),
+        ));
+    }
+    let listeners = start_listeners(&args, &addrs, &runner, tls_metrics.clone(), &shutdown).await?;
+    let (functions, controller) = start_functions(
+        &args,
+        runner,
+        &readiness,
+        function_metrics,
+        tls_metrics,
+        &shutdown,
+    )
+    .await?;
+    let mut daemon = Daemon {
+        listeners,
+        functions,
+        controller,
+        metrics_task,
+        readiness,
+        shutdown,
+    };
+    let (signal, controller_failed) = daemon.wait_for_stop(&mut signals).await;
+    daemon
+        .shut_down(&args, &mut signals, signal, controller_failed)
+        .await
+}
+
+/// Checks the flags that are only checked at start, and gives the runner's
+/// listen addresses (none with `--listen none`).
+fn check_config(args: &ServeArgs) -> anyhow::Result<Vec<ListenAddr>> {
     let addrs = listen_addrs(&args.listen, args.functions.enabled())?;
     if !args.functions.functions_kubernetes {
         fnrun_host::daemon::check_flags(&args.functions.config())?;
@@ -170,6 +237,11 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
     if addrs.is_empty() {
         tracing::info!("the runner's listener is off (--listen none): only functions are served");
     }
+    Ok(addrs)
+}
+
+/// The runner every listener shares.
+fn start_runner(args: &ServeArgs) -> anyhow::Result<Arc<Runner>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let admission = Admission {
         max_concurrency: args.max_concurrency.unwrap_or(4 * cores),
@@ -189,42 +261,61 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
         crate::support::VERSION
     );
     tracing::info!(limits = %runner.limit_support(), "limits this host can enforce");
-    let runner = Arc::new(runner);
+    Ok(Arc::new(runner))
+}
 
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    // Each part counts its own; a scrape renders them all.
-    let function_metrics = Arc::new(FunctionMetrics::default());
-    let tls_metrics = Arc::new(HandshakeMetrics::default());
-    // `/readyz` of the metrics listener: ready once every listener is bound
-    // and, in Kubernetes mode, once the controller has read the API and
-    // minted the certificates.
-    let readiness = Arc::new(fnrun_transport::readiness::Readiness::new("starting"));
-    let metrics_task = match args.metrics_listen {
-        Some(addr) => Some(
-            fnrun_transport::metrics_http::serve(
-                addr,
-                render_metrics(&runner, &function_metrics, &tls_metrics),
-                readiness.clone(),
-                stopped(shutdown_rx.clone()),
-            )
-            .await?,
-        ),
-        None => None,
-    };
+/// Tells every part of the daemon when to stop: its listeners, the metrics
+/// listener, the function host and the controller.
+struct Shutdown {
+    tx: watch::Sender<bool>,
+    rx: watch::Receiver<bool>,
+}
+
+impl Shutdown {
+    fn new() -> Shutdown {
+        let (tx, rx) = watch::channel(false);
+        Shutdown { tx, rx }
+    }
+
+    /// Ends once [`Shutdown::start`] is called.
+    fn stopped(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
+        let mut rx = self.rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+
+    fn start(&self) {
+        let _ = self.tx.send(true);
+    }
+}
+
+/// A listener's server task.
+type ServerTask = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// The listeners of `--listen`, serving the runner (v1alpha1) and Porch's
+/// evaluator.
+struct Listeners {
+    servers: Vec<ServerTask>,
+    /// The unix sockets' files, removed at the end.
+    socket_files: Vec<std::path::PathBuf>,
+    health: tonic_health::server::HealthReporter,
+}
+
+/// Binds every address of `--listen` and serves on it the runner, Porch's
+/// evaluator, health and reflection.
+async fn start_listeners(
+    args: &ServeArgs,
+    addrs: &[ListenAddr],
+    runner: &Arc<Runner>,
+    tls_metrics: Arc<HandshakeMetrics>,
+    shutdown: &Shutdown,
+) -> anyhow::Result<Listeners> {
     let (reflection_v1, reflection_v1alpha) = fnrun_transport::reflection::services(&[
         fnrun_api::v1alpha1::FILE_DESCRIPTOR_SET,
         fnrun_api::evaluator::FILE_DESCRIPTOR_SET,
     ])?;
     let evaluator = EvaluatorService::server(runner.clone());
-    if !args.prefetch.is_empty() {
-        tokio::spawn(fnrun_evaluator::prefetch(
-            runner.clone(),
-            args.prefetch.clone(),
-        ));
-    }
     let service =
         ContainerizedFunctionRunnerServiceServer::new(FunctionRunnerService::new(runner.clone()))
             .max_decoding_message_size(64 << 20)
@@ -236,11 +327,14 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
             .await;
     }
 
-    let tls = tls_accept(&args, tls_metrics.clone())?;
-    let mut servers = Vec::new();
-    let mut socket_files = Vec::new();
-    for addr in &addrs {
-        let listener = addr.bind(args.socket_mode)?;
+    let tls = tls_accept(args, tls_metrics)?;
+    let mut listeners = Listeners {
+        servers: Vec::new(),
+        socket_files: Vec::new(),
+        health: health_reporter,
+    };
+    for addr in addrs {
+        let listener = addr.bind(args.socket_mode.socket_mode)?;
         tracing::info!(address = %addr, "listening");
         let router = Server::builder()
             .layer(DeadlineLayer)
@@ -249,10 +343,10 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
             .add_service(reflection_v1alpha.clone())
             .add_service(service.clone())
             .add_service(evaluator.clone());
-        let shutdown = stopped(shutdown_rx.clone());
-        servers.push(match listener {
+        let shutdown = shutdown.stopped();
+        listeners.servers.push(match listener {
             Listener::Unix(l, path) => {
-                socket_files.extend(path);
+                listeners.socket_files.extend(path);
                 // Clients of unix sockets send the socket's path or name as
                 // `:authority`, which h2 refuses; see `authority`.
                 let incoming = UnixListenerStream::new(l).map_ok(NormalizeAuthority::new);
@@ -274,187 +368,281 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
             },
         });
     }
+    Ok(listeners)
+}
 
-    // Crossplane v1 functions, when any is configured: their own listener.
-    // In Kubernetes mode, the controller feeds the host its catalogue.
-    let (functions, mut controller) = match args.functions.kubernetes()? {
+/// Crossplane v1 functions, when any is configured: their own listener.
+/// In Kubernetes mode, the controller feeds the host its catalogue; else
+/// the daemon is ready now, every listener being bound.
+async fn start_functions(
+    args: &ServeArgs,
+    runner: Arc<Runner>,
+    readiness: &Arc<fnrun_transport::readiness::Readiness>,
+    function_metrics: Arc<FunctionMetrics>,
+    tls_metrics: Arc<HandshakeMetrics>,
+    shutdown: &Shutdown,
+) -> anyhow::Result<(Option<FunctionsDaemon>, Option<ControllerTask>)> {
+    let started = match args.functions.kubernetes()? {
         Some((listener, config)) => {
-            let client = kube::Client::try_default().await.context(
-                "--functions-kubernetes: no Kubernetes API server to read Functions from \
-                 (in a pod: its service account; else KUBECONFIG or ~/.kube/config)",
-            )?;
-            let (daemon, serving) = fnrun_host::daemon::start_external(
-                &listener,
-                readiness.clone(),
-                runner.clone(),
+            let (daemon, controller) = start_kubernetes_mode(
+                args,
+                listener,
+                config,
+                readiness,
+                runner,
                 function_metrics,
                 tls_metrics,
-                args.socket_mode,
-                stopped(shutdown_rx.clone()),
+                shutdown,
             )
             .await?;
-            let controller = tokio::spawn(fnrun_controller::run(
-                client,
-                serving,
-                config,
-                stopped(shutdown_rx.clone()),
-            ));
             (Some(daemon), Some(controller))
         }
-        None => (
-            fnrun_host::daemon::start(
+        None => {
+            let daemon = fnrun_host::daemon::start(
                 &args.functions.config(),
-                runner.clone(),
+                runner,
                 function_metrics,
                 tls_metrics,
-                args.socket_mode,
-                stopped(shutdown_rx.clone()),
+                args.socket_mode.socket_mode,
+                shutdown.stopped(),
             )
-            .await?,
-            None,
-        ),
-    };
-
-    if controller.is_none() {
-        readiness.ready();
-    }
-
-    // A controller that ends by itself cannot follow Crossplane any more: the
-    // daemon stops as on a signal, and exits with its error.
-    let mut controller_failed = None;
-    let signal = tokio::select! {
-        signal = signals.next() => signal.name,
-        ended = async { controller.as_mut().expect("only polled with a controller").await },
-            if controller.is_some() =>
-        {
-            controller = None;
-            let error = match ended {
-                Ok(Ok(())) => anyhow::anyhow!("the Kubernetes controller ended"),
-                Ok(Err(e)) => e,
-                Err(e) => anyhow::anyhow!("the Kubernetes controller failed: {e}"),
-            };
-            tracing::error!(error = format!("{error:#}"), "Kubernetes mode: the controller stopped; shutting down");
-            controller_failed = Some(error);
-            "controller failed"
+            .await?;
+            readiness.ready();
+            (daemon, None)
         }
     };
-    // Health says NOT_SERVING first, while every listener still serves: a
-    // Kubernetes endpoint or a load balancer takes a moment to stop sending
-    // here, and a call it sends meanwhile must not be refused.
-    tracing::info!(
-        signal,
-        delay = ?args.shutdown_delay,
-        "shutting down: health reports NOT_SERVING; new calls are served for the shutdown delay \
-         (a second SIGINT or SIGTERM stops at once, killing the runs in flight)"
-    );
-    readiness.stop();
-    for service in ["", RUNNER_SERVICE, EVALUATOR_SERVICE] {
-        health_reporter
-            .set_service_status(service, tonic_health::ServingStatus::NotServing)
-            .await;
-    }
-    if let Some(functions) = &functions {
-        functions.not_serving().await;
-    }
-    // A second signal, during the delay or the drain, stops at once.
-    let mut forced = None;
-    if !args.shutdown_delay.is_zero() {
+    Ok(started)
+}
+
+/// Kubernetes mode (`--functions-kubernetes`): the function host on its own
+/// listener, fed its catalogue by the controller, which follows Crossplane's
+/// Functions in the API server.
+#[allow(clippy::too_many_arguments)]
+async fn start_kubernetes_mode(
+    args: &ServeArgs,
+    listener: fnrun_host::daemon::ExternalConfig,
+    config: fnrun_controller::Config,
+    readiness: &Arc<fnrun_transport::readiness::Readiness>,
+    runner: Arc<Runner>,
+    function_metrics: Arc<FunctionMetrics>,
+    tls_metrics: Arc<HandshakeMetrics>,
+    shutdown: &Shutdown,
+) -> anyhow::Result<(FunctionsDaemon, ControllerTask)> {
+    let client = kube::Client::try_default().await.context(
+        "--functions-kubernetes: no Kubernetes API server to read Functions from \
+         (in a pod: its service account; else KUBECONFIG or ~/.kube/config)",
+    )?;
+    let (daemon, serving) = fnrun_host::daemon::start_external(
+        &listener,
+        readiness.clone(),
+        runner,
+        function_metrics,
+        tls_metrics,
+        args.socket_mode.socket_mode,
+        shutdown.stopped(),
+    )
+    .await?;
+    let controller = tokio::spawn(fnrun_controller::run(
+        client,
+        serving,
+        config,
+        shutdown.stopped(),
+    ));
+    Ok((daemon, controller))
+}
+
+/// The Kubernetes controller's task.
+type ControllerTask = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// The daemon once started: what its shutdown stops.
+struct Daemon {
+    listeners: Listeners,
+    functions: Option<FunctionsDaemon>,
+    controller: Option<ControllerTask>,
+    metrics_task: Option<tokio::task::JoinHandle<()>>,
+    readiness: Arc<fnrun_transport::readiness::Readiness>,
+    shutdown: Shutdown,
+}
+
+impl Daemon {
+    /// Waits for SIGTERM or SIGINT, or for the controller to end by itself:
+    /// then it cannot follow Crossplane any more, and the daemon stops as on
+    /// a signal, and exits with the controller's error (given here).
+    async fn wait_for_stop(
+        &mut self,
+        signals: &mut Signals,
+    ) -> (&'static str, Option<anyhow::Error>) {
+        let controller = &mut self.controller;
         tokio::select! {
-            () = tokio::time::sleep(args.shutdown_delay) => {}
-            second = signals.next() => forced = Some(second),
-        }
-    }
-    let _ = shutdown_tx.send(true);
-    let drained = match forced {
-        Some(_) => None,
-        None => {
-            tracing::info!(grace = ?args.shutdown_grace, "closing the listeners: draining in-flight calls");
-            // In-flight runs get the grace period; then their tasks are
-            // aborted, which drops their sandboxes and so kills them.
-            let functions_stopped = async {
-                if let Some(functions) = functions {
-                    functions.stop(args.shutdown_grace).await;
-                }
-            };
-            let drain = futures::future::join_all(servers.iter_mut());
-            let both = async {
-                tokio::join!(
-                    tokio::time::timeout(args.shutdown_grace, drain),
-                    functions_stopped
-                )
-                .0
-            };
-            tokio::select! {
-                drained = both => Some(drained),
-                second = signals.next() => {
-                    forced = Some(second);
-                    None
-                }
+            signal = signals.next() => (signal.name, None),
+            ended = async { controller.as_mut().expect("only polled with a controller").await },
+                if controller.is_some() =>
+            {
+                *controller = None;
+                let error = match ended {
+                    Ok(Ok(())) => anyhow::anyhow!("the Kubernetes controller ended"),
+                    Ok(Err(e)) => e,
+                    Err(e) => anyhow::anyhow!("the Kubernetes controller failed: {e}"),
+                };
+                tracing::error!(error = format!("{error:#}"), "Kubernetes mode: the controller stopped; shutting down");
+                ("controller failed", Some(error))
             }
         }
-    };
-    if let Some(second) = forced {
+    }
+
+    /// Stops the daemon: health NOT_SERVING for `--shutdown-delay` while
+    /// calls are still served, then the listeners close and in-flight calls
+    /// get `--shutdown-grace`. A second signal at any point of that stops it
+    /// at once (`Some`).
+    async fn shut_down(
+        mut self,
+        args: &ServeArgs,
+        signals: &mut Signals,
+        signal: &'static str,
+        controller_failed: Option<anyhow::Error>,
+    ) -> anyhow::Result<Option<Stopped>> {
+        self.not_serving(args, signal).await;
+        // A second signal, during the delay or the drain, stops at once.
+        if !args.shutdown_delay.is_zero() {
+            let second = tokio::select! {
+                () = tokio::time::sleep(args.shutdown_delay) => None,
+                second = signals.next() => Some(second),
+            };
+            if let Some(second) = second {
+                return Ok(Some(self.stop_at_once(second)));
+            }
+        }
+        self.shutdown.start();
+        tracing::info!(grace = ?args.shutdown_grace, "closing the listeners: draining in-flight calls");
+        let drained = tokio::select! {
+            drained = self.drain(args.shutdown_grace) => Ok(drained),
+            second = signals.next() => Err(second),
+        };
+        let drained = match drained {
+            Ok(drained) => drained,
+            Err(second) => return Ok(Some(self.stop_at_once(second))),
+        };
+        self.finish(drained, args.shutdown_grace).await;
+        if let Some(error) = controller_failed {
+            return Err(error);
+        }
+        tracing::info!("stopped");
+        Ok(None)
+    }
+
+    /// Health says NOT_SERVING first, while every listener still serves: a
+    /// Kubernetes endpoint or a load balancer takes a moment to stop sending
+    /// here, and a call it sends meanwhile must not be refused.
+    async fn not_serving(&self, args: &ServeArgs, signal: &'static str) {
+        tracing::info!(
+            signal,
+            delay = ?args.shutdown_delay,
+            "shutting down: health reports NOT_SERVING; new calls are served for the shutdown delay \
+             (a second SIGINT or SIGTERM stops at once, killing the runs in flight)"
+        );
+        self.readiness.stop();
+        for service in ["", RUNNER_SERVICE, EVALUATOR_SERVICE] {
+            self.listeners
+                .health
+                .set_service_status(service, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
+        if let Some(functions) = &self.functions {
+            functions.not_serving().await;
+        }
+    }
+
+    /// Waits up to `grace` for the listeners' in-flight calls to finish, and
+    /// for the function host's; `Err` if the grace ran out.
+    async fn drain(
+        &mut self,
+        grace: Duration,
+    ) -> Result<Vec<ServerResult>, tokio::time::error::Elapsed> {
+        // In-flight runs get the grace period; then their tasks are
+        // aborted, which drops their sandboxes and so kills them.
+        let functions = self.functions.take();
+        let functions_stopped = async {
+            if let Some(functions) = functions {
+                functions.stop(grace).await;
+            }
+        };
+        let drain = futures::future::join_all(self.listeners.servers.iter_mut());
+        tokio::join!(tokio::time::timeout(grace, drain), functions_stopped).0
+    }
+
+    /// After a second signal: kills the runs in flight (their server tasks
+    /// are aborted) and removes the sockets.
+    fn stop_at_once(self, second: Stopped) -> Stopped {
+        self.shutdown.start();
         tracing::warn!(
             signal = second.name,
             "second signal: stopping at once; the runs in flight are killed"
         );
-        for server in &servers {
+        for server in &self.listeners.servers {
             server.abort();
         }
-        if let Some(task) = metrics_task {
+        if let Some(task) = self.metrics_task {
             task.abort();
         }
-        if let Some(controller) = controller {
+        if let Some(controller) = self.controller {
             controller.abort();
         }
-        for path in socket_files {
+        for path in self.listeners.socket_files {
             let _ = std::fs::remove_file(&path);
         }
-        return Ok(Some(second));
+        second
     }
-    match drained.expect("drained unless forced") {
-        Ok(results) => {
-            for result in results {
-                match result {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::warn!("server ended with an error: {e}"),
-                    Err(e) => tracing::warn!("server task failed: {e}"),
+
+    /// After the drain: reports how the servers ended (killing the runs still
+    /// in flight if the grace ran out), removes the sockets and waits for the
+    /// metrics listener and the controller to end.
+    async fn finish(
+        self,
+        drained: Result<Vec<ServerResult>, tokio::time::error::Elapsed>,
+        grace: Duration,
+    ) {
+        match drained {
+            Ok(results) => {
+                for result in results {
+                    match result {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!("server ended with an error: {e}"),
+                        Err(e) => tracing::warn!("server task failed: {e}"),
+                    }
+                }
+            }
+            Err(_) => {
+                tracing::warn!(
+                    grace = ?grace,
+                    "grace period over: killing the runs still in flight"
+                );
+                for server in &self.listeners.servers {
+                    server.abort();
                 }
             }
         }
-        Err(_) => {
-            tracing::warn!(
-                grace = ?args.shutdown_grace,
-                "grace period over: killing the runs still in flight"
-            );
-            for server in &servers {
-                server.abort();
+        if let Some(task) = self.metrics_task {
+            let _ = task.await;
+        }
+        for path in self.listeners.socket_files {
+            let _ = std::fs::remove_file(&path);
+        }
+        // The controller ends at the shutdown, releasing the Lease if it held it.
+        if let Some(controller) = self.controller {
+            match tokio::time::timeout(Duration::from_secs(10), controller).await {
+                Ok(Ok(Err(e))) => tracing::warn!(
+                    error = format!("{e:#}"),
+                    "the Kubernetes controller ended with an error"
+                ),
+                Ok(_) => {}
+                Err(_) => tracing::warn!("the Kubernetes controller did not stop in time"),
             }
         }
     }
-    if let Some(task) = metrics_task {
-        let _ = task.await;
-    }
-    for path in socket_files {
-        let _ = std::fs::remove_file(&path);
-    }
-    // The controller ends at the shutdown, releasing the Lease if it held it.
-    if let Some(controller) = controller {
-        match tokio::time::timeout(Duration::from_secs(10), controller).await {
-            Ok(Ok(Err(e))) => tracing::warn!(
-                error = format!("{e:#}"),
-                "the Kubernetes controller ended with an error"
-            ),
-            Ok(_) => {}
-            Err(_) => tracing::warn!("the Kubernetes controller did not stop in time"),
-        }
-    }
-    if let Some(error) = controller_failed {
-        return Err(error);
-    }
-    tracing::info!("stopped");
-    Ok(None)
 }
+
+/// How a server task ended.
+type ServerResult = Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>;
 
 /// The addresses of `--listen`; `none`, alone, turns the runner's listener
 /// off, which leaves only the functions listener (`--functions`) to serve.

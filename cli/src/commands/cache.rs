@@ -10,7 +10,6 @@
 //! when it found damage, which it removed so that the next run fetches or unpacks it
 //! again (a second `verify` then exits 0), or when it could not finish.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::SystemTime;
 
@@ -18,15 +17,15 @@ use clap::{Args, Subcommand};
 use fnrun_cache::{Cache, CacheConfig, CachedImage, PruneReport};
 use serde::Serialize;
 
-use crate::config::OutputFormat;
+use crate::config::{DryRunArgs, OutputArgs, OutputFormat};
 
-/// `fnrun cache` flags.
+/// `fnrun cache` flags: `--cache-dir` is the other commands', made global
+/// (`fnrun cache list --cache-dir DIR`).
 #[derive(Debug, Args)]
+#[command(mut_arg("cache_dir", |a| a.global(true)))]
 pub struct CacheCmdArgs {
-    /// Cache directory [default: $FNRUN_CACHE_DIR, else /var/cache/fnrun as
-    /// root, else $XDG_CACHE_HOME/fnrun].
-    #[arg(long, env = "FNRUN_CACHE_DIR", global = true, value_parser = crate::config::parse_path)]
-    pub cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub dir: crate::config::CacheDirArgs,
     #[command(subcommand)]
     pub action: CacheAction,
 }
@@ -36,16 +35,15 @@ pub enum CacheAction {
     /// List cached images with their size and last use.
     #[command(visible_alias = "ls")]
     List {
-        /// Output format: text (a table), json or yaml.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-        output: OutputFormat,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Show what the cache holds of an image: digests, size, last use,
     /// config and layers (JSON, as `skopeo inspect` prints; -o yaml).
+    #[command(mut_arg("output", |a| a.default_value("json")))]
     Inspect {
-        /// Output format: json (also for text) or yaml.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Json)]
-        output: OutputFormat,
+        #[command(flatten)]
+        output: OutputArgs,
         /// A cached reference, or its digest (sha256:HEX, or the 12 hex
         /// digits `cache list` shows).
         image: String,
@@ -54,12 +52,10 @@ pub enum CacheAction {
     /// is kept (exit 1).
     #[command(visible_alias = "rmi")]
     Rm {
-        /// Say what would be removed; remove nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Output format: text, json or yaml.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-        output: OutputFormat,
+        #[command(flatten)]
+        dry_run: DryRunArgs,
+        #[command(flatten)]
+        output: OutputArgs,
         /// Cached references, or digests (sha256:HEX, or the 12 hex digits
         /// `cache list` shows).
         #[arg(required = true, value_name = "IMAGE")]
@@ -71,12 +67,10 @@ pub enum CacheAction {
         /// Largest size the cache may keep (e.g. 10Gi, 0 for everything not in use).
         #[arg(long, value_name = "SIZE", value_parser = crate::config::parse_size)]
         max_size: Option<u64>,
-        /// Say what would be removed; remove nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Output format: text, json or yaml.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-        output: OutputFormat,
+        #[command(flatten)]
+        dry_run: DryRunArgs,
+        #[command(flatten)]
+        output: OutputArgs,
     },
     /// Rehash every blob, check every layer and reference, remove what is damaged.
     /// Exit 0: sound; 1: damage was found and removed (or verify failed).
@@ -94,7 +88,7 @@ pub fn main(args: CacheCmdArgs) -> ExitCode {
 }
 
 fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
-    let root = match args.cache_dir {
+    let root = match args.dir.cache_dir {
         Some(dir) => dir,
         None => {
             let dir = crate::config::default_cache_dir()?;
@@ -102,7 +96,9 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
             // verify or prune, and nothing is created to say so.
             if !dir.exists() {
                 return match &args.action {
-                    CacheAction::List { output } => Ok(crate::output::print(match output {
+                    CacheAction::List {
+                        output: OutputArgs { format: output },
+                    } => Ok(crate::output::print(match output {
                         OutputFormat::Text => table(&[], SystemTime::now()),
                         format => crate::output::render(&Vec::<Listed>::new(), *format),
                     })),
@@ -136,7 +132,9 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     match args.action {
-        CacheAction::List { output } => {
+        CacheAction::List {
+            output: OutputArgs { format: output },
+        } => {
             let images = rt.block_on(cache.list())?;
             let text = match output {
                 OutputFormat::Text => table(&images, SystemTime::now()),
@@ -147,7 +145,10 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
             };
             Ok(crate::output::print(text))
         }
-        CacheAction::Inspect { output, image } => match rt.block_on(cache.inspect(&image))? {
+        CacheAction::Inspect {
+            output: OutputArgs { format: output },
+            image,
+        } => match rt.block_on(cache.inspect(&image))? {
             Some(details) => Ok(crate::output::print(crate::output::render(
                 &details, output,
             ))),
@@ -157,8 +158,8 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
             ),
         },
         CacheAction::Rm {
-            dry_run,
-            output,
+            dry_run: DryRunArgs { dry_run },
+            output: OutputArgs { format: output },
             images,
         } => {
             let r = rt.block_on(cache.remove(&images, dry_run))?;
@@ -188,8 +189,8 @@ fn run(args: CacheCmdArgs) -> anyhow::Result<ExitCode> {
         }
         CacheAction::Prune {
             max_size,
-            dry_run,
-            output,
+            dry_run: DryRunArgs { dry_run },
+            output: OutputArgs { format: output },
         } => {
             let r = match (max_size, dry_run) {
                 (max, true) => rt.block_on(cache.prune_dry_run(max))?,

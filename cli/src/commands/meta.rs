@@ -9,13 +9,12 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Serialize;
 
-use crate::config::OutputFormat;
+use crate::config::{OutputArgs, OutputFormat};
 
 #[derive(Debug, Args)]
 pub struct VersionArgs {
-    /// Output format: text, json or yaml.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -50,7 +49,7 @@ const VERSION: Version = Version {
 };
 
 pub fn version(args: VersionArgs) -> ExitCode {
-    let text = match args.output {
+    let text = match args.output.format {
         OutputFormat::Text => format!(
             "fnrun {}\ncommit: {}\ntarget: {}\nrustc: {}\n",
             VERSION.version, VERSION.commit, VERSION.target, VERSION.rustc
