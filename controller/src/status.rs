@@ -131,6 +131,27 @@ pub fn check_service(svc: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// Why a Function cannot be served yet as its objects say (a pull secret
+/// missing, a runtime config fnrun cannot honour, the CA unusable): not a
+/// failure of the API, but what its active revision's `RuntimeHealthy` says,
+/// with `reason`, until the reconcile tried again finds it solved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct CannotServe {
+    /// The condition's reason.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl CannotServe {
+    pub fn new(message: impl Into<String>) -> Self {
+        CannotServe {
+            reason: REASON_UNHEALTHY,
+            message: message.into(),
+        }
+    }
+}
+
 /// How the runtime of an active revision is, as fnrun knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {

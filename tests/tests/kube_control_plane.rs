@@ -9,9 +9,11 @@
 //!
 //! - a Function named like a Service fnrun did not create (Crossplane's
 //!   `crossplane-webhooks`) gets no Service: that one is left as it was, the
-//!   revision says `RuntimeHealthy` False naming it (and an Event), and
-//!   deleting Functions deletes only the Services fnrun made, not one that
-//!   merely carries fnrun's labels;
+//!   revision says `RuntimeHealthy` False naming it (and an Event); deleted
+//!   Functions are served no more, and no Service is deleted by fnrun (the
+//!   one it made is owned by its Function, for the garbage collector);
+//! - one event of one Function (or of its revision) reconciles that Function
+//!   and no other (`fnrun_controller_reconciles_total`);
 //! - readiness (`/readyz` of the metrics listener, the Deployment's probe):
 //!   not ready while Crossplane's CRDs are missing (and saying so) or the API
 //!   server does not answer, TLS handshakes refused meanwhile as not ready;
@@ -73,7 +75,6 @@ const CONTROLLER_ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("crossplane-system", &["watch", "services"]),
     ("crossplane-system", &["patch", "services"]),
-    ("crossplane-system", &["delete", "services"]),
     (
         "crossplane-system",
         &["watch", "secrets/crossplane-root-ca"],
@@ -155,6 +156,9 @@ const CONTROLLER_REFUSED: &[(&str, &[&str])] = &[
     ("default", &["patch", "services"]),
     ("kube-system", &["create", "events.events.k8s.io"]),
     ("crossplane-system", &["list", "nodes"]),
+    // The garbage collector deletes a deleted Function's Service (it owns
+    // it): fnrun deletes none.
+    ("crossplane-system", &["delete", "services"]),
 ];
 
 /// Requests a service account of fnrun must not be allowed.
@@ -647,19 +651,36 @@ fn a_function_never_takes_over_a_service_fnrun_did_not_create() {
         &log,
     );
 
-    // The Functions deleted: fn-a's Service goes (there is no garbage
-    // collector here: fnrun deletes it), the others stay as they were.
+    // The Functions deleted: fnrun serves them no more, and deletes no
+    // Service. fn-a's is owned by its Function (checked above), which is
+    // how a cluster's garbage collector deletes it; there is none here, so
+    // it stays, as do the others.
     for name in ["fn-a", "crossplane-webhooks"] {
         cp.kubectl(&["delete", "function", name]).unwrap();
     }
-    wait_for(
-        "fn-a's Service deleted",
-        Duration::from_secs(60),
-        || service("fn-a").is_none().then_some(()),
-        &log,
+    for name in ["fn-a", "crossplane-webhooks"] {
+        wait_for(
+            &format!("fnrun no longer serving the deleted Function {name}"),
+            Duration::from_secs(60),
+            || {
+                log()
+                    .lines()
+                    .any(|l| {
+                        l.contains("the Function was deleted: no longer served")
+                            && l.contains(&format!("\"function\":\"{name}\""))
+                    })
+                    .then_some(())
+            },
+            &log,
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        service("fn-a").unwrap()["metadata"]["uid"],
+        fn_a["metadata"]["uid"],
+        "{}",
+        log()
     );
-    // A sweep (every 3 s) more, for good measure.
-    std::thread::sleep(Duration::from_secs(7));
     for (name, before) in [
         ("crossplane-webhooks", &webhooks),
         ("fn-labelled", &labelled),
@@ -670,6 +691,128 @@ fn a_function_never_takes_over_a_service_fnrun_did_not_create() {
             "{name}: {now}"
         );
     }
+}
+
+/// A Function `name` whose only revision is Inactive: fnrun serves nothing
+/// of it, starts no trial, and (the leader) writes `RuntimeActive` False on
+/// the revision once; nothing then reconciles it again for 10 minutes but
+/// its own events.
+fn install_inactive_function(cp: &ControlPlane, name: &str) {
+    let image = format!("127.0.0.1:1/fns/{name}:v1");
+    cp.apply(&format!(
+        "apiVersion: pkg.crossplane.io/v1\nkind: Function\nmetadata:\n  name: {name}\nspec:\n  package: {image}\n"
+    ))
+    .unwrap();
+    cp.apply(&format!(
+        "apiVersion: pkg.crossplane.io/v1\nkind: FunctionRevision\nmetadata:\n  name: {name}-0123456789ab\n\
+         \x20 labels:\n    pkg.crossplane.io/package: {name}\nspec:\n  desiredState: Inactive\n  image: {image}\n  revision: 1\n"
+    ))
+    .unwrap();
+}
+
+/// `fnrun_controller_reconciles_total` by Function, from `/metrics`.
+fn reconciles(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    let (_, body) = http_get(metrics, "/metrics").unwrap_or_default();
+    body.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("fnrun_controller_reconciles_total{function=\"")?;
+            let (name, n) = rest.split_once("\"} ")?;
+            Some((name.to_owned(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn an_event_of_one_function_reconciles_that_function_only() {
+    let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
+    crossplane_namespace(&cp, true);
+    let names: Vec<String> = (0..4).map(|i| format!("fn-{i}")).collect();
+    for name in &names {
+        install_inactive_function(&cp, name);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = service_account_kubeconfig(&cp, dir.path());
+    let (opts, metrics) = fnrun_opts(&cp, &kubeconfig, loopback_ip(), "fnrun-0", &[], None);
+    let fnrun = Daemon::start(opts).unwrap();
+    let log = || fnrun.log();
+    // Every Function reconciled, its revision's status written, and no
+    // reconcile more for 3 s: settled.
+    wait_for(
+        "every Function's revision written",
+        Duration::from_secs(60),
+        || {
+            names
+                .iter()
+                .all(|n| revision_condition(&cp, n, "RuntimeActive").is_some())
+                .then_some(())
+        },
+        &log,
+    );
+    let settled = wait_for(
+        "the reconciles settled",
+        Duration::from_secs(60),
+        || {
+            let before = reconciles(&metrics);
+            std::thread::sleep(Duration::from_secs(3));
+            let after = reconciles(&metrics);
+            (before.len() == names.len() && before == after).then_some(after)
+        },
+        &log,
+    );
+    // One event of fn-2 (an annotation on the Function), then one of fn-3's
+    // revision: each reconciles its own Function, and no other.
+    cp.kubectl(&["annotate", "function", "fn-2", "example.org/poke=1"])
+        .unwrap();
+    let after = wait_for(
+        "fn-2 reconciled",
+        Duration::from_secs(30),
+        || {
+            let now = reconciles(&metrics);
+            (now["fn-2"] > settled["fn-2"]).then_some(now)
+        },
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let after = {
+        let now = reconciles(&metrics);
+        assert!(now["fn-2"] >= after["fn-2"]);
+        now
+    };
+    for name in ["fn-0", "fn-1", "fn-3"] {
+        assert_eq!(
+            after[name], settled[name],
+            "{name}: {after:?} (before: {settled:?})"
+        );
+    }
+    cp.kubectl(&[
+        "annotate",
+        "functionrevision",
+        "fn-3-0123456789ab",
+        "example.org/poke=1",
+    ])
+    .unwrap();
+    wait_for(
+        "fn-3 reconciled",
+        Duration::from_secs(30),
+        || (reconciles(&metrics)["fn-3"] > after["fn-3"]).then_some(()),
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let last = reconciles(&metrics);
+    for name in ["fn-0", "fn-1", "fn-2"] {
+        assert_eq!(
+            last[name], after[name],
+            "{name}: {last:?} (before: {after:?})"
+        );
+    }
+    // A deleted Function's count goes with it.
+    cp.kubectl(&["delete", "function", "fn-1"]).unwrap();
+    wait_for(
+        "fn-1's reconciles forgotten",
+        Duration::from_secs(30),
+        || (!reconciles(&metrics).contains_key("fn-1")).then_some(()),
+        &log,
+    );
 }
 
 /// `GET /readyz` of the metrics listener `metrics`: its status and body.
