@@ -38,7 +38,7 @@ use crate::resources::{
 };
 use crate::status::{CannotServe, Health, MANAGED_BY};
 use crate::trial::{Trials, backoff};
-use crate::watch::{NOT_READY_MAX, applied, wait_until_read, watch};
+use crate::watch::{NOT_READY_MAX, applied, touched, wait_until_read, watch};
 use crate::writes::Writer;
 
 /// Reconcile errors (the API) are retried after this, doubling up to the most.
@@ -221,21 +221,21 @@ pub async fn run(
     });
     let mut controller = Controller::for_stream(applied(function_events), functions.clone())
         // Its Service (owned by it).
-        .owns_stream(applied(service_events))
+        .owns_stream(touched(service_events))
         // Its revisions (labelled with its name).
-        .watches_stream(applied(revision_events), |rev: FunctionRevision| {
+        .watches_stream(touched(revision_events), |rev: FunctionRevision| {
             rev.labels()
                 .get(PACKAGE_LABEL)
                 .map(|name| ObjectRef::new(name))
         })
         // The runtime configs and image configs it uses.
-        .watches_stream(applied(runtime_config_events), {
+        .watches_stream(touched(runtime_config_events), {
             let functions = functions.clone();
             move |config: DeploymentRuntimeConfig| {
                 using_runtime_config(&functions, &config.name_any())
             }
         })
-        .watches_stream(applied(image_config_events), {
+        .watches_stream(touched(image_config_events), {
             let revisions = revisions.clone();
             move |config: ImageConfig| using_image_config(&revisions, &config.name_any())
         })
@@ -250,7 +250,7 @@ pub async fn run(
             let _ = changed.send(Change::Ca);
         });
         let functions = functions.clone();
-        controller = controller.watches_stream(applied(ca_events), move |_: Secret| {
+        controller = controller.watches_stream(touched(ca_events), move |_: Secret| {
             functions
                 .state()
                 .iter()

@@ -102,7 +102,8 @@ where
 }
 
 /// The objects of watch events that are in the store (added, changed, or
-/// listed), as the controller's triggers take them.
+/// listed): what the controlled kind gives the controller (as kube's own
+/// watch of it does).
 pub(crate) fn applied<K>(
     events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
@@ -112,6 +113,26 @@ where
     events.flat_map(|event| {
         futures::stream::iter(match event {
             watcher::Event::Apply(o) | watcher::Event::InitApply(o) => Some(Ok(o)),
+            _ => None,
+        })
+    })
+}
+
+/// The objects of watch events, deleted ones too: what an owned or watched
+/// kind gives the controller (as kube's `owns` and `watches` take them), so
+/// that a deleted Service or revision, or the CA Secret deleted, reconciles
+/// the Functions it concerns.
+pub(crate) fn touched<K>(
+    events: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Send + 'static,
+{
+    events.flat_map(|event| {
+        futures::stream::iter(match event {
+            watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o) => {
+                Some(Ok(o))
+            }
             _ => None,
         })
     })
