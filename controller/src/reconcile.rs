@@ -789,8 +789,10 @@ impl Ctx {
         let ctx = self.clone();
         let name = name.to_owned();
         tokio::spawn(async move {
+            let permit = ctx.trials.permit().await;
             let started = Instant::now();
             let result = function.prepare().await.map_err(|e| e.to_string());
+            drop(permit);
             if !ctx.trials.end(&name, &def, &result) {
                 return;
             }

@@ -11,6 +11,10 @@ use fnrun_host::catalogue::FunctionDef;
 
 use crate::status::Health;
 
+/// Trial starts run at most this many at a time: each pulls an image and
+/// starts a sandbox, and twenty at once (every Function at fnrun's start)
+/// left the allocator holding their peak for good (docs/benchmarks.md).
+pub(crate) const TRIALS_AT_ONCE: usize = 2;
 /// A failed trial start is tried again after this, doubling up to the most.
 const TRIAL_RETRY_FIRST: Duration = Duration::from_secs(10);
 const TRIAL_RETRY_MOST: Duration = Duration::from_secs(300);
@@ -23,13 +27,27 @@ struct Trial {
     retry_at: Option<Instant>,
 }
 
-/// The trials of the functions served, by Function name.
-#[derive(Default)]
-pub(crate) struct Trials(Mutex<HashMap<String, Trial>>);
+/// The trials of the functions served, by Function name, and the permits
+/// to run one ([`TRIALS_AT_ONCE`]).
+pub(crate) struct Trials(Mutex<HashMap<String, Trial>>, Arc<tokio::sync::Semaphore>);
+
+impl Default for Trials {
+    fn default() -> Self {
+        Trials(
+            Mutex::default(),
+            Arc::new(tokio::sync::Semaphore::new(TRIALS_AT_ONCE)),
+        )
+    }
+}
 
 impl Trials {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Trial>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for a permit to run a trial; it is held until dropped.
+    pub(crate) async fn permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.1.clone().acquire_owned().await.ok()
     }
 
     /// What the last trial of `name` found.
