@@ -1,6 +1,7 @@
 //! The flags of `fnrun serve` for the function host, turned into its
 //! [`FunctionsConfig`].
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -109,9 +110,8 @@ impl FunctionsArgs {
         if !self.functions_kubernetes {
             return Ok(None);
         }
-        let service_selector =
-            fnrun_controller::status::parse_selector(&self.functions_service_selector)
-                .map_err(|e| anyhow::anyhow!("--functions-service-selector: {e}"))?;
+        let service_selector = parse_selector(&self.functions_service_selector)
+            .map_err(|e| anyhow::anyhow!("--functions-service-selector: {e}"))?;
         let identity = match &self.functions_identity {
             Some(identity) if !identity.is_empty() => identity.clone(),
             _ => nix::unistd::gethostname()
@@ -151,5 +151,37 @@ impl FunctionsArgs {
             functions_check_interval: self.functions_check_interval,
             functions_insecure: self.functions_insecure,
         }
+    }
+}
+
+/// The labels of a selector flag, `K=V,K=V`.
+pub fn parse_selector(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut labels = BTreeMap::new();
+    for pair in text.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not KEY=VALUE"))?;
+        if k.is_empty() || k.len() > 317 || v.len() > 63 {
+            return Err(format!("{pair:?} is not a label"));
+        }
+        labels.insert(k.to_owned(), v.to_owned());
+    }
+    if labels.is_empty() {
+        return Err("no label".to_owned());
+    }
+    Ok(labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_are_key_value_pairs() {
+        let labels = parse_selector("a=b,c.d/e=f").unwrap();
+        assert_eq!(labels.len(), 2);
+        assert_eq!(labels["c.d/e"], "f");
+        assert!(parse_selector("").is_err());
+        assert!(parse_selector("a").is_err());
     }
 }

@@ -24,48 +24,24 @@
 //!   not ready until then) turns ready once the API is read, every Function
 //!   with an active revision tried once and the certificates minted.
 //!
-//! [`run`] watches with kube-rs reflectors and drives a `Controller` of
-//! Functions; everything it reads or writes is in [`resources`] and
-//! [`status`].
+//! [`run`] drives a kube-rs `Controller` of Functions: one reconcile per
+//! Function, triggered by that Function's events and those of the objects
+//! that concern it (its revisions, its Service, the runtime and image
+//! configs it uses, the CA Secret); a deleted Function's Service goes by its
+//! owner reference (Kubernetes' garbage collector), its catalogue entry when
+//! the Function's watch says it is gone. Everything it reads or writes is
+//! in [`resources`] and [`status`].
 
+mod ca;
+mod config;
 pub mod desired;
+mod lease;
 mod reconcile;
 pub mod resources;
 pub mod status;
+mod trial;
+mod watch;
+mod writes;
 
-use std::collections::BTreeMap;
-
+pub use config::{Config, DEFAULT_CA_SECRET, DEFAULT_LEASE, FIELD_MANAGER, SERVICE_PORT};
 pub use reconcile::run;
-
-/// The default name of the Secret holding Crossplane's CA.
-pub const DEFAULT_CA_SECRET: &str = "crossplane-root-ca";
-/// The default name of the Lease the replicas elect their leader with.
-pub const DEFAULT_LEASE: &str = "fnrun-functions";
-/// The field manager of everything fnrun writes.
-pub const FIELD_MANAGER: &str = "fnrun";
-/// The port of every function's Service and endpoint, as Crossplane's
-/// Deployment runtime has it.
-pub const SERVICE_PORT: u16 = 9443;
-
-/// How Kubernetes mode runs (from `fnrun serve --functions-kubernetes`'s
-/// flags).
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Crossplane's namespace: the Services, the CA Secret, pull secrets and
-    /// the Lease are there.
-    pub namespace: String,
-    /// The Secret holding Crossplane's CA (`tls.crt`, `tls.key`); `None`:
-    /// the listener serves h2c and needs none.
-    pub ca_secret: Option<String>,
-    /// This replica's name in the Lease (the pod's name).
-    pub identity: String,
-    pub lease: String,
-    /// The labels of fnrun's pods, which each function's Service selects.
-    pub service_selector: BTreeMap<String, String>,
-    /// How long a function's warm instance stays without calls; `None`:
-    /// until the function goes.
-    pub idle_timeout: Option<std::time::Duration>,
-    /// How long the start may take to read every object it watches; past
-    /// it, [`run`] fails, naming what it could not read and why.
-    pub start_timeout: std::time::Duration,
-}

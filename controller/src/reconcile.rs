@@ -1,125 +1,123 @@
-//! The reconciler of Kubernetes mode (see the crate doc): reflectors of
-//! every object it reads, a `Controller` of Functions, the trial starts, the
-//! Lease, and a sweep of what deleted Functions left.
+//! The reconciler of Kubernetes mode (see the crate doc): a kube-rs
+//! `Controller` of Functions, each reconciled on its own events and those of
+//! the objects that concern it, and the host's catalogue kept from what the
+//! reconciles found. The Lease is in [`crate::lease`], the CA in
+//! [`crate::ca`], trial starts in [`crate::trial`], the leader's writes in
+//! [`crate::writes`], the watches in [`crate::watch`].
+//!
+//! A deleted Function leaves the catalogue when its watch says it is gone
+//! (a delete event, or a new list without it), or when its reconcile finds
+//! it being deleted; its Service is owned by it, and Kubernetes' garbage
+//! collector deletes it. No finalizer: one on Crossplane's Functions would
+//! need a write fnrun is not granted on them, would hold every Function's
+//! deletion while fnrun is down or uninstalled, and is removed once, where
+//! every replica has to drop the Function from its own catalogue.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Secret, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::WatchStreamExt;
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use tokio::sync::{Mutex, Notify, mpsc, watch};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use fnrun_host::catalogue::{Catalogue, FunctionDef, PullSecretData};
-use fnrun_host::certs::Minter;
 use fnrun_host::daemon::Serving;
 
+use crate::Config;
+use crate::ca::Ca;
 use crate::desired::{self, RuntimeSettings};
 use crate::resources::{
     DeploymentRuntimeConfig, Function, FunctionRevision, ImageConfig, PACKAGE_LABEL,
 };
-use crate::status::{self, FUNCTION_LABEL, Health, MANAGED_BY};
-use crate::{Config, FIELD_MANAGER};
+use crate::status::{CannotServe, Health, MANAGED_BY};
+use crate::trial::{Trials, backoff};
+use crate::watch::{NOT_READY_MAX, applied, touched, wait_until_read, watch};
+use crate::writes::Writer;
 
-/// How long a Lease is held without renewal, and how long before its end
-/// the holder renews it.
-const LEASE_SECONDS: u64 = 15;
-const LEASE_GRACE_SECONDS: u64 = 5;
-/// How often deleted Functions are looked for.
-const SWEEP_EVERY: Duration = Duration::from_secs(3);
-/// A failed trial start is tried again after this, doubling up to the most.
-const TRIAL_RETRY_FIRST: Duration = Duration::from_secs(10);
-const TRIAL_RETRY_MOST: Duration = Duration::from_secs(300);
 /// Reconcile errors (the API) are retried after this, doubling up to the most.
 const ERROR_RETRY_FIRST: Duration = Duration::from_secs(1);
 const ERROR_RETRY_MOST: Duration = Duration::from_secs(300);
+/// A Function that cannot be served yet is looked at again after this (a
+/// pull secret it needs is read when needed, not watched).
+const CANNOT_SERVE_RETRY: Duration = Duration::from_secs(10);
 /// The Secret key of a pull secret's docker config.
 const DOCKER_CONFIG_JSON: &str = ".dockerconfigjson";
 /// The reason Crossplane gives an ImageConfig it applied for its pull secret.
 const SET_PULL_SECRET: &str = "SetImagePullSecret";
-/// What a 404 on Crossplane's kinds means.
-pub(crate) const NO_CROSSPLANE_CRDS: &str =
-    "Crossplane's CRDs are not installed (is Crossplane v1.14+ running?)";
-/// Why nothing is served before every watched object has been read.
-const WAITING_FOR_API: &str = "waiting for the API server";
-/// Most bytes of a reason for not being ready.
-const NOT_READY_MAX: usize = 400;
 
-/// Why a reconcile failed (it is retried with backoff).
+/// Why a reconcile did not finish: retried by [`error_policy`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The API failed: retried with backoff.
     #[error(transparent)]
     Kube(#[from] kube::Error),
-}
-
-/// The CA of the listener, from its Secret.
-enum Ca {
-    /// The listener serves h2c.
-    NotUsed,
-    /// Not read yet, or the Secret cannot be used: why.
-    Unusable {
-        version: Option<String>,
-        why: String,
-    },
-    Ready {
-        version: String,
-        minter: Arc<Minter>,
-    },
-}
-
-/// A function's runtime health, for the definition it was found with.
-struct Trial {
-    def: Arc<FunctionDef>,
-    health: Health,
-    failures: u32,
-    retry_at: Option<Instant>,
+    /// The Function cannot be served yet: its revision says why, and it is
+    /// looked at again.
+    #[error(transparent)]
+    CannotServe(#[from] CannotServe),
 }
 
 /// The definitions the host serves, with certificates of the CA of this
 /// Secret version.
 type Applied = (BTreeMap<String, Arc<FunctionDef>>, Option<String>);
 
-struct State {
+/// The catalogue: what should be served, and what the host serves. The
+/// host applies it whole, hence one lock.
+struct Served {
     /// What should be served, by Function name.
     defs: BTreeMap<String, Arc<FunctionDef>>,
     /// What the host serves.
     applied: Option<Applied>,
-    trials: HashMap<String, Trial>,
-    /// Why a Function cannot be served as its objects say, as last logged.
-    problems: HashMap<String, String>,
     ca: Ca,
+}
+
+/// What happened to the Functions or the CA besides what a reconcile of
+/// one Function handles.
+enum Change {
+    /// The Function was deleted.
+    Gone(String),
+    /// The Functions were listed again: those not listed are gone.
+    Relisted,
+    /// The CA Secret changed.
+    Ca,
 }
 
 struct Ctx {
     client: Client,
     config: Config,
     serving: Arc<Serving>,
-    /// Every Function, listed before the controller starts.
+    /// The controller's store of Functions.
     functions: Store<Function>,
     revisions: Store<FunctionRevision>,
     runtime_configs: Store<DeploymentRuntimeConfig>,
     image_configs: Store<ImageConfig>,
-    ca: Option<Store<Secret>>,
-    services: Store<Service>,
-    leader: watch::Receiver<bool>,
-    recorder: Recorder,
-    poke: mpsc::UnboundedSender<()>,
-    state: Mutex<State>,
-    errors: std::sync::Mutex<HashMap<String, u32>>,
-    /// Why a Function's Service is not written, as last reported.
-    service_problems: std::sync::Mutex<HashMap<String, String>>,
+    ca_secret: Option<Store<Secret>>,
+    writer: Writer,
+    trials: Trials,
+    served: tokio::sync::Mutex<Served>,
+    /// True once the API has been read and the Lease joined: reconciles
+    /// wait for it.
+    started: watch::Receiver<bool>,
+    /// Reconciles one Function again (its trial ended).
+    requeue: mpsc::UnboundedSender<ObjectRef<Function>>,
+    /// Why a Function cannot be served as its objects say, as last logged.
+    problems: Mutex<HashMap<String, String>>,
+    /// The API failures of each Function's reconciles in a row.
+    errors: Mutex<HashMap<String, u32>>,
     /// The Functions reconciled at least once (or failed to be): readiness
     /// waits for every one with an active revision.
-    reconciled: std::sync::Mutex<HashSet<String>>,
+    reconciled: Mutex<HashSet<String>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Runs Kubernetes mode until `shutdown`: the host of `serving` serves every
@@ -131,318 +129,247 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let ns = config.namespace.clone();
-    let (poke, poked) = mpsc::unbounded_channel();
-    // The Controller keeps a store of Functions of its own; this one is for
-    // the sweep, which must know that the list is complete before it takes a
-    // Function's absence for its deletion.
     let mut watched = Vec::new();
-    let functions = reflect(
+    let (functions, function_events) = watch(
         Api::<Function>::all(client.clone()),
         watcher::Config::default(),
         "Functions".into(),
-        &poke,
         &mut watched,
     );
-    let revisions = reflect(
+    let (revisions, revision_events) = watch(
         Api::<FunctionRevision>::all(client.clone()),
         watcher::Config::default(),
         "FunctionRevisions".into(),
-        &poke,
         &mut watched,
     );
-    let runtime_configs = reflect(
+    let (runtime_configs, runtime_config_events) = watch(
         Api::<DeploymentRuntimeConfig>::all(client.clone()),
         watcher::Config::default(),
         "DeploymentRuntimeConfigs".into(),
-        &poke,
         &mut watched,
     );
-    let image_configs = reflect(
+    let (image_configs, image_config_events) = watch(
         Api::<ImageConfig>::all(client.clone()),
         watcher::Config::default(),
         "ImageConfigs".into(),
-        &poke,
         &mut watched,
     );
     let ca = config.ca_secret.as_ref().map(|name| {
-        reflect(
+        watch(
             Api::<Secret>::namespaced(client.clone(), &ns),
             watcher::Config::default().fields(&format!("metadata.name={name}")),
             format!("the CA Secret {ns}/{name} (--functions-ca-secret)"),
-            &poke,
             &mut watched,
         )
     });
-    let services = reflect(
+    let (services, service_events) = watch(
         Api::<Service>::namespaced(client.clone(), &ns),
         watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)),
         format!("Services in {ns}"),
-        &poke,
         &mut watched,
     );
+    let (ca_secret, ca_events) = match ca {
+        Some((store, events)) => (Some(store), Some(events)),
+        None => (None, None),
+    };
+
+    let (leading, leader) = watch::channel(false);
+    let (start, started) = watch::channel(false);
+    let (requeue, requeued) = mpsc::unbounded_channel();
+    let (leader_changed, leader_changes) = mpsc::unbounded_channel();
+    let (changed, mut changes) = mpsc::unbounded_channel();
+    let ctx = Arc::new(Ctx {
+        writer: Writer::new(
+            client.clone(),
+            config.clone(),
+            services,
+            revisions.clone(),
+            leader,
+        ),
+        client: client.clone(),
+        trials: Trials::default(),
+        served: tokio::sync::Mutex::new(Served {
+            defs: BTreeMap::new(),
+            applied: None,
+            ca: Ca::new(&config),
+        }),
+        config: config.clone(),
+        serving,
+        functions: functions.clone(),
+        revisions: revisions.clone(),
+        runtime_configs,
+        image_configs,
+        ca_secret,
+        started,
+        requeue,
+        problems: Mutex::new(HashMap::new()),
+        errors: Mutex::new(HashMap::new()),
+        reconciled: Mutex::new(HashSet::new()),
+    });
+
+    // A Function's own events reconcile it; its deletion (or its absence
+    // from a new list) takes it out of the catalogue.
+    let gone = changed.clone();
+    let function_events = function_events.inspect(move |event| match event {
+        watcher::Event::Delete(f) => {
+            let _ = gone.send(Change::Gone(f.name_any()));
+        }
+        watcher::Event::InitDone => {
+            let _ = gone.send(Change::Relisted);
+        }
+        _ => {}
+    });
+    let mut controller = Controller::for_stream(applied(function_events), functions.clone())
+        // Its Service (owned by it).
+        .owns_stream(touched(service_events))
+        // Its revisions (labelled with its name).
+        .watches_stream(touched(revision_events), |rev: FunctionRevision| {
+            rev.labels()
+                .get(PACKAGE_LABEL)
+                .map(|name| ObjectRef::new(name))
+        })
+        // The runtime configs and image configs it uses.
+        .watches_stream(touched(runtime_config_events), {
+            let functions = functions.clone();
+            move |config: DeploymentRuntimeConfig| {
+                using_runtime_config(&functions, &config.name_any())
+            }
+        })
+        .watches_stream(touched(image_config_events), {
+            let revisions = revisions.clone();
+            move |config: ImageConfig| using_image_config(&revisions, &config.name_any())
+        })
+        // Its trial start ended.
+        .reconcile_on(UnboundedReceiverStream::new(requeued))
+        // The lead changed hands: what the leader writes is every Function's.
+        .reconcile_all_on(UnboundedReceiverStream::new(leader_changes));
+    if let Some(ca_events) = ca_events {
+        // The CA concerns every Function (its certificate, its health).
+        let changed = changed.clone();
+        let ca_events = ca_events.inspect(move |_| {
+            let _ = changed.send(Change::Ca);
+        });
+        let functions = functions.clone();
+        controller = controller.watches_stream(touched(ca_events), move |_: Secret| {
+            functions
+                .state()
+                .iter()
+                .map(|f| ObjectRef::from_obj(&**f))
+                .collect::<Vec<_>>()
+        });
+    }
+    let controller = tokio::spawn(
+        controller
+            .graceful_shutdown_on(shutdown)
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "reconcile");
+                }
+            }),
+    );
+    let housekeeping = tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            while let Some(change) = changes.recv().await {
+                ctx.wait_started().await;
+                match change {
+                    Change::Gone(name) => ctx.forget(&name).await,
+                    Change::Relisted => ctx.forget_unlisted().await,
+                    Change::Ca => ctx.sync().await,
+                }
+            }
+        }
+    });
+
     tracing::info!(
         namespace = ns,
         "Kubernetes mode: reading Functions and their revisions"
     );
-    let readiness = serving.readiness().cloned();
-    wait_until_read(&watched, config.start_timeout, readiness.as_deref()).await?;
-    if let Some(readiness) = &readiness {
-        readiness.not_ready("reading the Lease and serving the Functions read");
-    }
-
-    let (leader, stop_lease, lease_task) = elect(&client, &config, &poke).await?;
-    let controller = Controller::new(
-        Api::<Function>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let ctx = Arc::new(Ctx {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "fnrun".into(),
-                instance: Some(config.identity.clone()),
-            },
-        ),
-        client,
-        state: Mutex::new(State {
-            defs: BTreeMap::new(),
-            applied: None,
-            trials: HashMap::new(),
-            problems: HashMap::new(),
-            ca: match config.ca_secret {
-                Some(_) => Ca::Unusable {
-                    version: None,
-                    why: "not read yet".into(),
-                },
-                None => Ca::NotUsed,
-            },
-        }),
-        config,
-        serving,
-        functions,
-        revisions,
-        runtime_configs,
-        image_configs,
-        ca,
-        services,
-        leader,
-        poke,
-        errors: std::sync::Mutex::new(HashMap::new()),
-        service_problems: std::sync::Mutex::new(HashMap::new()),
-        reconciled: std::sync::Mutex::new(HashSet::new()),
-    });
-    let sweeper = tokio::spawn(sweep_loop(ctx.clone()));
-    controller
-        .reconcile_all_on(tokio_stream::wrappers::UnboundedReceiverStream::new(poked))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "reconcile");
+    let readiness = ctx.serving.readiness().cloned();
+    let elected = match wait_until_read(&watched, config.start_timeout, readiness.as_deref()).await
+    {
+        Ok(()) => {
+            if let Some(readiness) = &readiness {
+                readiness.not_ready("reading the Lease and serving the Functions read");
             }
-        })
-        .await;
-    sweeper.abort();
+            crate::lease::elect(&client, &config, leading, &leader_changed).await
+        }
+        Err(e) => Err(e),
+    };
+    let (stop_lease, lease_task) = match elected {
+        Ok(elected) => elected,
+        Err(e) => {
+            controller.abort();
+            housekeeping.abort();
+            return Err(e);
+        }
+    };
+    let _ = start.send(true);
+    // The CA, and the catalogue (empty until the Functions are reconciled):
+    // what no reconcile applies when there is no Function.
+    ctx.sync().await;
+    let _ = controller.await;
+    housekeeping.abort();
     stop_lease.notify_one();
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     Ok(())
 }
 
-/// What a reflector watches, for the start: whether its first list is in,
-/// and the last error its watch met.
-struct Watched {
-    what: String,
-    ready: Arc<std::sync::atomic::AtomicBool>,
-    error: Arc<std::sync::Mutex<Option<String>>>,
+/// The Functions that use the DeploymentRuntimeConfig `config` (`default`:
+/// those that name none too).
+fn using_runtime_config(functions: &Store<Function>, config: &str) -> Vec<ObjectRef<Function>> {
+    functions
+        .state()
+        .iter()
+        .filter(|f| {
+            let reference = f.spec.runtime_config_ref.clone().unwrap_or_default();
+            let kind = reference
+                .kind
+                .as_deref()
+                .unwrap_or("DeploymentRuntimeConfig");
+            let name = if reference.name.is_empty() {
+                "default"
+            } else {
+                reference.name.as_str()
+            };
+            kind == "DeploymentRuntimeConfig" && name == config
+        })
+        .map(|f| ObjectRef::from_obj(&**f))
+        .collect()
 }
 
-/// A store of `api`'s objects (`what`, for the log), kept by a task that
-/// pokes the controller at every change and logs what it cannot watch (and
-/// retries, with backoff); what [`wait_until_read`] needs is pushed to
-/// `watched`.
-fn reflect<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    what: String,
-    poke: &mpsc::UnboundedSender<()>,
-    watched: &mut Vec<Watched>,
-) -> Store<K>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (reader, writer) = reflector::store();
-    let poke = poke.clone();
-    let error = Arc::new(std::sync::Mutex::new(None));
-    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let last_error = error.clone();
-    let crossplane = K::group(&K::DynamicType::default()) == "pkg.crossplane.io";
-    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
-    let watching = what.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => {
-                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                    let _ = poke.send(());
-                }
-                Err(e) => {
-                    let error = watch_error(&e, crossplane);
-                    tracing::warn!(watching, error, "cannot watch; retrying");
-                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
-                }
-            }
-        }
-    });
-    let (store, is_ready) = (reader.clone(), ready.clone());
-    tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
-            is_ready.store(true, std::sync::atomic::Ordering::Release);
-        }
-    });
-    watched.push(Watched { what, ready, error });
-    reader
+/// The Functions whose revisions Crossplane applied the ImageConfig
+/// `config` to.
+fn using_image_config(
+    revisions: &Store<FunctionRevision>,
+    config: &str,
+) -> Vec<ObjectRef<Function>> {
+    let mut names: Vec<String> = revisions
+        .state()
+        .iter()
+        .filter(|r| {
+            r.status
+                .as_ref()
+                .is_some_and(|s| s.applied_image_config_refs.iter().any(|c| c.name == config))
+        })
+        .filter_map(|r| r.labels().get(PACKAGE_LABEL).cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names.iter().map(|n| ObjectRef::new(n)).collect()
 }
 
-/// What the log and the start's failure say of a watch's error: a 404 on
-/// Crossplane's kinds is their CRDs missing.
-fn watch_error(e: &watcher::Error, crossplane: bool) -> String {
-    let code = match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s))
-        | watcher::Error::WatchError(s) => Some(s.code),
-        _ => None,
-    };
-    if crossplane && code == Some(404) {
-        NO_CROSSPLANE_CRDS.to_owned()
-    } else {
-        e.to_string()
-    }
-}
-
-/// Waits until every store of `watched` has its first list, for at most
-/// `timeout`; then fails, naming each one that has none and the last error
-/// its watch met (a Forbidden names the permission `rbac.yaml` lacks). A
-/// missing grant is often a moment's race with the RoleBinding being applied,
-/// hence the wait; a grant that never comes fails the start, so that the pod
-/// restarts and says why, rather than waiting forever with nothing served.
-/// Meanwhile `readiness` says it waits for the API server, and the first
-/// error met.
-async fn wait_until_read(
-    watched: &[Watched],
-    timeout: Duration,
-    readiness: Option<&fnrun_transport::readiness::Readiness>,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    let pending = || {
-        watched
-            .iter()
-            .filter(|w| !w.ready.load(std::sync::atomic::Ordering::Acquire))
-    };
-    while pending().next().is_some() {
-        if let Some(readiness) = readiness {
-            let error = pending().find_map(|w| {
-                let error = w.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                error.map(|e| format!("{}: {e}", w.what))
-            });
-            readiness.not_ready(match error {
-                Some(error) => {
-                    fnrun_api::text::bounded(&format!("{WAITING_FOR_API} ({error})"), NOT_READY_MAX)
-                        .into_owned()
-                }
-                None => WAITING_FOR_API.to_owned(),
-            });
-        }
-        if Instant::now() >= deadline {
-            let unread: Vec<String> = pending()
-                .map(|w| {
-                    let error = w.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    match error {
-                        Some(error) => format!("{}: {error}", w.what),
-                        None => format!("{}: no answer", w.what),
-                    }
-                })
-                .collect();
-            anyhow::bail!(
-                "Kubernetes mode cannot read what it serves from (--functions-start-timeout {}): {}",
-                fnrun_api::duration::format(timeout),
-                unread.join("; ")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
-
-/// Joins the election of the Lease; the receiver says whether this replica
-/// leads. Notifying the `Notify` releases the Lease and ends the task.
-async fn elect(
-    client: &Client,
-    config: &Config,
-    poke: &mpsc::UnboundedSender<()>,
-) -> anyhow::Result<(
-    watch::Receiver<bool>,
-    Arc<Notify>,
-    tokio::task::JoinHandle<()>,
-)> {
-    use anyhow::Context as _;
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &config.lease)
-        .with_namespace(&config.namespace)
-        .with_identity(&config.identity)
-        .with_duration(LEASE_SECONDS)
-        .with_grace(LEASE_GRACE_SECONDS)
-        .with_field_manager(FIELD_MANAGER)
-        .build()
-        .await
-        .with_context(|| format!("the Lease {}/{}", config.namespace, config.lease))?;
-    tracing::info!(
-        identity = config.identity,
-        lease = format!("{}/{}", config.namespace, config.lease),
-        "leader election: serving every function; the Lease's holder writes"
-    );
-    let (tx, rx) = watch::channel(false);
-    let stop = Arc::new(Notify::new());
-    let stopped = stop.clone();
-    let poke = poke.clone();
-    let identity = config.identity.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                changed = manager.changed() => match changed {
-                    Ok(leading) => {
-                        tracing::info!(identity, leading, "leader election: {}", if leading {
-                            "this replica leads: it writes Services and status"
-                        } else {
-                            "another replica leads"
-                        });
-                        let _ = tx.send(leading);
-                        let _ = poke.send(());
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "leader election: cannot reach the Lease; retrying");
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                    }
-                },
-                () = stopped.notified() => {
-                    if *tx.borrow() && let Err(e) = manager.release().await {
-                        tracing::warn!(error = %e, "cannot release the Lease");
-                    }
-                    return;
-                }
-            }
-        }
-    });
-    Ok((rx, stop, task))
-}
-
+/// Reconciles one Function: serves what its active revision says (or says
+/// why not), and the leader writes its Service and its revisions' status.
 async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    ctx.wait_started().await;
     let name = function.name_any();
+    ctx.serving.host().metrics().reconciled(&name);
     if function.meta().deletion_timestamp.is_some() {
         // Being deleted: Crossplane composes with it no more, and its
-        // revisions go with it.
-        ctx.sweep().await;
+        // revisions go with it (its Service too: it owns it).
+        ctx.forget(&name).await;
         return Ok(Action::await_change());
     }
     let revisions: Vec<Arc<FunctionRevision>> = ctx
@@ -452,78 +379,76 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
         .filter(|r| r.labels().get(PACKAGE_LABEL) == Some(&name))
         .collect();
     let active = revisions.iter().find(|r| r.is_active()).cloned();
-    let built = match &active {
-        Some(rev) => Some(ctx.build(&function, rev).await?),
+    let problem = match &active {
+        // No active revision: Crossplane is between two (an upgrade
+        // deactivates the old one first) or waits for a manual activation,
+        // and calls nothing meanwhile. What is served stays until another
+        // revision is active or the Function goes.
         None => None,
-    };
-    let health = {
-        let mut state = ctx.state.lock().await;
-        let problem = match built {
-            // No active revision: Crossplane is between two (an upgrade
-            // deactivates the old one first) or waits for a manual
-            // activation, and calls nothing meanwhile. What is served stays
-            // until another revision is active or the Function goes.
-            None => None,
-            Some(Ok(def)) => {
-                if state.defs.get(&name).is_none_or(|d| **d != def) {
-                    state.defs.insert(name.clone(), Arc::new(def));
-                }
+        Some(rev) => match ctx.build(&function, rev).await {
+            Ok(def) => {
+                ctx.serve(&function, def).await;
                 None
             }
             // What is served stays; the revision says why it cannot change.
-            Some(Err(why)) => {
-                if state.problems.get(&name) != Some(&why) {
-                    tracing::warn!(
-                        function = name,
-                        error = why,
-                        "cannot serve the Function as its objects say"
-                    );
-                    state.problems.insert(name.clone(), why.clone());
-                }
-                Some(why)
-            }
-        };
-        if problem.is_none() {
-            state.problems.remove(&name);
-        }
-        ctx.sync_host(&mut state).await;
-        ctx.reconciled
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(name.clone());
-        ctx.update_readiness(&state);
-        ctx.retry_trial(&mut state, &name);
-        let ca_problem = match &state.ca {
-            Ca::Unusable { why, .. } => Some(format!(
-                "fnrun cannot serve TLS: the CA Secret {}/{}: {why}",
-                ctx.config.namespace,
-                ctx.config.ca_secret.as_deref().unwrap_or_default()
-            )),
-            _ => None,
-        };
-        problem
-            .or(ca_problem)
-            .map(Health::Unhealthy)
-            .or_else(|| state.trials.get(&name).map(|t| t.health.clone()))
+            Err(Error::CannotServe(why)) => Some(why),
+            Err(e) => return Err(e),
+        },
     };
-    let health = if *ctx.leader.borrow() {
-        let blocked = ctx.write_service(&function).await?;
+    {
+        let mut problems = locked(&ctx.problems);
+        match &problem {
+            Some(why) if problems.get(&name) != Some(&why.message) => {
+                tracing::warn!(
+                    function = name,
+                    error = why.message,
+                    "cannot serve the Function as its objects say"
+                );
+                problems.insert(name.clone(), why.message.clone());
+            }
+            Some(_) => {}
+            None => {
+                problems.remove(&name);
+            }
+        }
+    }
+    let ca_problem = {
+        let mut served = ctx.served.lock().await;
+        ctx.sync_host(&mut served).await;
+        locked(&ctx.reconciled).insert(name.clone());
+        ctx.update_readiness(&served);
+        served
+            .ca
+            .problem(&ctx.config)
+            .map(|why| format!("fnrun cannot serve TLS: {why}"))
+    };
+    if let Some(failures) = ctx.trials.due(&name) {
+        ctx.start_trial(&name, failures);
+    }
+    let health = problem
+        .as_ref()
+        .map(|why| Health::Unhealthy(why.message.clone()))
+        .or(ca_problem.map(Health::Unhealthy))
+        .or_else(|| ctx.trials.health(&name));
+    let health = if ctx.writer.leads() {
+        let blocked = ctx.writer.write_service(&function).await?;
         let health = match blocked {
             // Without a Service of fnrun's the active revision has no
             // endpoint; with no active revision there is nothing to say.
             Some(why) => health.map(|_| Health::NoService(why)),
             None => health,
         };
-        ctx.write_status(&function, &revisions, health.as_ref())
+        ctx.writer
+            .write_status(&function, &revisions, health.as_ref())
             .await?;
         health
     } else {
         health
     };
-    ctx.errors
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .remove(&name);
+    locked(&ctx.errors).remove(&name);
+    if let Some(why) = problem {
+        return Err(why.into());
+    }
     Ok(match health {
         Some(Health::Starting) => Action::requeue(Duration::from_secs(15)),
         Some(Health::Unhealthy(_)) => Action::requeue(Duration::from_secs(10)),
@@ -532,42 +457,111 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
     })
 }
 
+/// What follows a reconcile that did not finish: a Function that cannot be
+/// served yet is looked at again shortly (its revision says why, and the
+/// log said it once); an API failure is retried with backoff.
 fn error_policy(function: Arc<Function>, error: &Error, ctx: Arc<Ctx>) -> Action {
     let name = function.name_any();
-    let mut errors = ctx
-        .errors
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    ctx.reconciled
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(name.clone());
-    let failures = errors.entry(name.clone()).or_default();
-    *failures = failures.saturating_add(1);
-    let wait = backoff(ERROR_RETRY_FIRST, ERROR_RETRY_MOST, *failures);
-    tracing::warn!(function = name, error = %error, retry_in_s = wait.as_secs(), "reconcile failed");
-    Action::requeue(wait)
-}
-
-/// `first`, doubled for each failure after the first, at most `most`.
-fn backoff(first: Duration, most: Duration, failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    first.saturating_mul(1 << doublings).min(most)
+    locked(&ctx.reconciled).insert(name.clone());
+    match error {
+        Error::CannotServe(_) => Action::requeue(CANNOT_SERVE_RETRY),
+        Error::Kube(e) => {
+            let mut errors = locked(&ctx.errors);
+            let failures = errors.entry(name.clone()).or_default();
+            *failures = failures.saturating_add(1);
+            let wait = backoff(ERROR_RETRY_FIRST, ERROR_RETRY_MOST, *failures);
+            tracing::warn!(function = name, error = %e, retry_in_s = wait.as_secs(), "reconcile failed");
+            Action::requeue(wait)
+        }
+    }
 }
 
 impl Ctx {
+    /// Returns once the API has been read and the Lease joined.
+    async fn wait_started(&self) {
+        let mut started = self.started.clone();
+        if started.wait_for(|s| *s).await.is_err() {
+            // The start failed: [`run`] returns, and nothing is reconciled.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Serves `def` for `function`, unless the Function went meanwhile.
+    async fn serve(self: &Arc<Self>, function: &Function, def: FunctionDef) {
+        let name = function.name_any();
+        let mut served = self.served.lock().await;
+        // Its deletion is handled under this lock: a reconcile that ends
+        // after it does not serve it again.
+        let current = self
+            .functions
+            .get(&ObjectRef::from_obj(function))
+            .is_some_and(|f| f.uid() == function.uid() && f.meta().deletion_timestamp.is_none());
+        if current && served.defs.get(&name).is_none_or(|d| **d != def) {
+            served.defs.insert(name, Arc::new(def));
+        }
+    }
+
+    /// Applies the catalogue and the CA, and updates readiness.
+    async fn sync(self: &Arc<Self>) {
+        let mut served = self.served.lock().await;
+        self.sync_host(&mut served).await;
+        self.update_readiness(&served);
+    }
+
+    /// The Function `name` was deleted: no longer served, nor remembered.
+    async fn forget(self: &Arc<Self>, name: &str) {
+        let mut served = self.served.lock().await;
+        if served.defs.remove(name).is_some() {
+            tracing::info!(
+                function = name,
+                "the Function was deleted: no longer served"
+            );
+        }
+        self.trials.remove(name);
+        self.writer.forget(name);
+        locked(&self.problems).remove(name);
+        locked(&self.errors).remove(name);
+        locked(&self.reconciled).remove(name);
+        self.serving.host().metrics().forget_reconciles(name);
+        self.sync_host(&mut served).await;
+        self.update_readiness(&served);
+    }
+
+    /// Forgets every Function served that the store no longer has (a
+    /// deletion while the watch was down is no delete event).
+    async fn forget_unlisted(self: &Arc<Self>) {
+        let listed: HashSet<String> = self
+            .functions
+            .state()
+            .iter()
+            .map(|f| f.name_any())
+            .collect();
+        let gone: Vec<String> = {
+            let served = self.served.lock().await;
+            served
+                .defs
+                .keys()
+                .filter(|n| !listed.contains(*n))
+                .cloned()
+                .collect()
+        };
+        for name in gone {
+            self.forget(&name).await;
+        }
+    }
+
     /// The function to serve for `function`'s active revision `rev`: the
-    /// error is why it cannot be served (a condition, not a retry); an API
-    /// failure is the reconcile's.
+    /// error is why it cannot be served ([`CannotServe`], said on the revision)
+    /// or an API failure.
     async fn build(
         &self,
         function: &Function,
         rev: &FunctionRevision,
-    ) -> Result<Result<FunctionDef, String>, Error> {
+    ) -> Result<FunctionDef, Error> {
         let name = function.name_any();
         let settings = match self.runtime_settings(function) {
             Ok(s) => s,
-            Err(why) => return Ok(Err(why)),
+            Err(why) => return Err(CannotServe::new(why).into()),
         };
         let mut secret_names: Vec<String> = function
             .spec
@@ -600,37 +594,37 @@ impl Ctx {
             let secret = match secrets.get_opt(&secret_name).await {
                 Ok(secret) => secret,
                 Err(kube::Error::Api(e)) if e.code == 403 => {
-                    return Ok(Err(format!(
+                    return Err(CannotServe::new(format!(
                         "fnrun may not read the pull secret {ns}/{secret_name} (grant it in the Role \
                          fnrun-functions-pull-secrets, docs/security.md): {}",
                         e.message
-                    )));
+                    ))
+                    .into());
                 }
                 Err(e) => return Err(e.into()),
             };
             let Some(secret) = secret else {
-                return Ok(Err(format!(
+                return Err(CannotServe::new(format!(
                     "the pull secret {ns}/{secret_name} does not exist"
-                )));
+                ))
+                .into());
             };
             let Some(json) = secret.data.as_ref().and_then(|d| d.get(DOCKER_CONFIG_JSON)) else {
-                return Ok(Err(format!(
+                return Err(CannotServe::new(format!(
                     "the pull secret {ns}/{secret_name} has no {DOCKER_CONFIG_JSON} (a kubernetes.io/dockerconfigjson Secret)"
-                )));
+                ))
+                .into());
             };
             pull_secrets.push(PullSecretData {
                 origin: format!("secret {ns}/{secret_name}"),
                 dockerconfigjson: Arc::from(json.0.as_slice()),
             });
         }
-        Ok(
+        let mut def =
             desired::function_def(&name, &rev.name_any(), rev.image(), &settings, pull_secrets)
-                .map(|mut def| {
-                    def.idle_timeout = self.config.idle_timeout;
-                    def
-                })
-                .map_err(|e| e.to_string()),
-        )
+                .map_err(|e| CannotServe::new(e.to_string()))?;
+        def.idle_timeout = self.config.idle_timeout;
+        Ok(def)
     }
 
     /// The settings of `function`'s runtime config (`default` when it names
@@ -672,22 +666,15 @@ impl Ctx {
     /// once (served, or its revision says why not), and the host serving the
     /// catalogue with certificates of the CA. Ready stays ready: what is
     /// served keeps being served when the API or the CA goes (docs/crossplane.md).
-    fn update_readiness(&self, state: &State) {
+    fn update_readiness(&self, served: &Served) {
         let Some(readiness) = self.serving.readiness() else {
             return;
         };
         if readiness.is_ready() {
             return;
         }
-        if let Ca::Unusable { why, .. } = &state.ca {
-            readiness.not_ready(fnrun_api::text::bounded(
-                &format!(
-                    "the CA Secret {}/{}: {why}",
-                    self.config.namespace,
-                    self.config.ca_secret.as_deref().unwrap_or_default()
-                ),
-                NOT_READY_MAX,
-            ));
+        if let Some(why) = served.ca.problem(&self.config) {
+            readiness.not_ready(fnrun_api::text::bounded(&why, NOT_READY_MAX));
             return;
         }
         let active: HashSet<String> = self
@@ -724,8 +711,8 @@ impl Ctx {
             ));
             return;
         }
-        let applied = state.applied.as_ref().is_some_and(|(defs, ca)| {
-            *defs == state.defs && (matches!(state.ca, Ca::NotUsed) || ca.is_some())
+        let applied = served.applied.as_ref().is_some_and(|(defs, ca)| {
+            *defs == served.defs && (matches!(served.ca, Ca::NotUsed) || ca.is_some())
         });
         if !applied {
             readiness.not_ready("the catalogue read is not served yet");
@@ -734,105 +721,25 @@ impl Ctx {
         readiness.ready();
     }
 
-    /// Reads the CA Secret again if it changed.
-    fn refresh_ca(&self, state: &mut State) {
-        let (Some(store), Some(secret_name)) = (&self.ca, &self.config.ca_secret) else {
-            return;
-        };
-        let ns = &self.config.namespace;
-        let secret = store.get(&ObjectRef::new(secret_name).within(ns));
-        let version = secret.as_ref().and_then(|s| s.resource_version());
-        let current = match &state.ca {
-            Ca::Ready { version, .. } => Some(version.clone()),
-            Ca::Unusable { version, .. } => version.clone(),
-            Ca::NotUsed => return,
-        };
-        if version.is_some() && version == current {
-            return;
+    /// Makes the host serve `served.defs` with certificates of the current
+    /// CA (the CA Secret read again if it changed), and starts a trial of
+    /// each function added or changed.
+    async fn sync_host(self: &Arc<Self>, served: &mut Served) {
+        if let (Some(store), Some(secret)) = (&self.ca_secret, &self.config.ca_secret) {
+            let secret = store.get(&ObjectRef::new(secret).within(&self.config.namespace));
+            served
+                .ca
+                .refresh(secret, &self.config, self.serving.client_ca());
         }
-        let Some(secret) = secret else {
-            if !matches!(&state.ca, Ca::Unusable { version: None, why } if why.starts_with("does not"))
-            {
-                tracing::error!(
-                    secret = format!("{ns}/{secret_name}"),
-                    "the CA Secret does not exist: no function can be served over TLS"
-                );
-            }
-            state.ca = Ca::Unusable {
-                version: None,
-                why: "does not exist".into(),
-            };
-            return;
-        };
-        let version = version.unwrap_or_default();
-        let key = |k: &str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(k))
-                .map(|b| b.0.clone())
-                .unwrap_or_default()
-        };
-        let (cert, key_pem) = (key("tls.crt"), key("tls.key"));
-        let origin = |k: &str| format!("secret {ns}/{secret_name} {k}");
-        let cert_origin = origin("tls.crt");
-        let minter = Minter::from_pem(
-            Path::new(&cert_origin),
-            &cert,
-            Path::new(&origin("tls.key")),
-            &key_pem,
-        )
-        .map_err(|e| e.to_string())
-        .and_then(|minter| {
-            if let Some(client_ca) = self.serving.client_ca() {
-                client_ca
-                    .replace(Path::new(&cert_origin), &cert)
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok(minter)
-        });
-        state.ca = match minter {
-            Ok(minter) => {
-                tracing::info!(
-                    secret = format!("{ns}/{secret_name}"),
-                    version,
-                    "CA read: minting the functions' certificates from it"
-                );
-                Ca::Ready {
-                    version,
-                    minter: Arc::new(minter),
-                }
-            }
-            Err(why) => {
-                tracing::error!(
-                    secret = format!("{ns}/{secret_name}"),
-                    error = why,
-                    "the CA Secret cannot be used: no function can be served over TLS"
-                );
-                Ca::Unusable {
-                    version: Some(version),
-                    why,
-                }
-            }
-        };
-    }
-
-    /// Makes the host serve `state.defs` with certificates of the current CA,
-    /// and starts a trial of each function added or changed.
-    async fn sync_host(self: &Arc<Self>, state: &mut State) {
-        self.refresh_ca(state);
-        let ca_version = match &state.ca {
-            Ca::Ready { version, .. } => Some(version.clone()),
-            _ => None,
-        };
-        if state
+        let ca_version = served.ca.version();
+        if served
             .applied
             .as_ref()
-            .is_some_and(|(defs, ca)| *defs == state.defs && *ca == ca_version)
+            .is_some_and(|(defs, ca)| *defs == served.defs && *ca == ca_version)
         {
             return;
         }
-        let catalogue = match Catalogue::new(state.defs.values().map(|d| (**d).clone())) {
+        let catalogue = match Catalogue::new(served.defs.values().map(|d| (**d).clone())) {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(error = %e, "the Functions cannot all be served");
@@ -840,7 +747,7 @@ impl Ctx {
             }
         };
         let names: Vec<String> = catalogue.names().map(str::to_owned).collect();
-        let certs = match &state.ca {
+        let certs = match &served.ca {
             Ca::Ready { minter, .. } => match minter.cert_set(&names, &self.config.namespace) {
                 Ok(certs) => Some(certs),
                 Err(e) => {
@@ -862,55 +769,32 @@ impl Ctx {
             );
         }
         for name in &changes.removed {
-            state.trials.remove(name);
+            self.trials.remove(name);
         }
         for name in changes.added.iter().chain(&changes.replaced) {
-            self.start_trial(state, name, 0);
+            self.start_trial(name, 0);
         }
-        state.applied = Some((state.defs.clone(), ca_version));
+        served.applied = Some((served.defs.clone(), ca_version));
     }
 
-    /// Starts a trial of the function `name` as the host now serves it.
-    fn start_trial(self: &Arc<Self>, state: &mut State, name: &str, failures: u32) {
+    /// Starts a trial of the function `name` as the host now serves it;
+    /// when it ends, an Event says how (the leader's) and `name` is
+    /// reconciled again.
+    fn start_trial(self: &Arc<Self>, name: &str, failures: u32) {
         let Some(function) = self.serving.host().function(name) else {
             return;
         };
         let def = function.def.clone();
-        state.trials.insert(
-            name.to_owned(),
-            Trial {
-                def: def.clone(),
-                health: Health::Starting,
-                failures,
-                retry_at: None,
-            },
-        );
+        self.trials.begin(name, def.clone(), failures);
         let ctx = self.clone();
         let name = name.to_owned();
         tokio::spawn(async move {
+            let permit = ctx.trials.permit().await;
             let started = Instant::now();
-            let result = function.prepare().await;
-            let health = match &result {
-                Ok(()) => Health::Healthy,
-                Err(e) => Health::Unhealthy(format!("{e}")),
-            };
-            {
-                let mut state = ctx.state.lock().await;
-                let Some(trial) = state
-                    .trials
-                    .get_mut(&name)
-                    .filter(|t| Arc::ptr_eq(&t.def, &def))
-                else {
-                    return;
-                };
-                trial.health = health.clone();
-                if result.is_err() {
-                    trial.failures = trial.failures.saturating_add(1);
-                    trial.retry_at = Some(
-                        Instant::now()
-                            + backoff(TRIAL_RETRY_FIRST, TRIAL_RETRY_MOST, trial.failures),
-                    );
-                }
+            let result = function.prepare().await.map_err(|e| e.to_string());
+            drop(permit);
+            if !ctx.trials.end(&name, &def, &result) {
+                return;
             }
             let ms = started.elapsed().as_millis();
             match &result {
@@ -924,410 +808,8 @@ impl Ctx {
                     tracing::warn!(function = name, image = def.image, duration_ms = ms, error = %e, "trial start failed")
                 }
             }
-            ctx.event_on_active(&name, &result.map_err(|e| e.to_string()), &def.image)
-                .await;
-            let _ = ctx.poke.send(());
+            ctx.writer.event_on_active(&name, &result, &def.image).await;
+            let _ = ctx.requeue.send(ObjectRef::new(&name));
         });
-    }
-
-    /// Tries a failed trial of `name` again once its backoff is over.
-    fn retry_trial(self: &Arc<Self>, state: &mut State, name: &str) {
-        let due = state
-            .trials
-            .get(name)
-            .and_then(|t| match (&t.health, t.retry_at) {
-                (Health::Unhealthy(_), Some(at)) if Instant::now() >= at => Some(t.failures),
-                _ => None,
-            });
-        if let Some(failures) = due {
-            self.start_trial(state, name, failures);
-        }
-    }
-}
-
-impl Ctx {
-    /// The leader's write of `function`'s Service ([`status::service`]):
-    /// created if there is none, made as it should be if fnrun made it
-    /// ([`status::made_by_fnrun`]). A Service of that name that fnrun did not
-    /// make is never written (nor deleted, see [`Ctx::sweep`]): the answer
-    /// is why, for the revision's `RuntimeHealthy` (and an Event and a log
-    /// line when it is first seen).
-    async fn write_service(&self, function: &Function) -> Result<Option<String>, Error> {
-        let name = function.name_any();
-        let ns = &self.config.namespace;
-        let uid = function.uid().unwrap_or_default();
-        let mut service = status::service(&name, &uid, &self.config);
-        let why = match status::check_service(&service) {
-            Err(why) => Some(why),
-            Ok(()) => {
-                let api = Api::<Service>::namespaced(self.client.clone(), ns);
-                // The store holds the Services with fnrun's label; one
-                // without it is asked for.
-                let existing = match self.services.get(&ObjectRef::new(&name).within(ns)) {
-                    Some(svc) => Some(svc),
-                    None => api.get_opt(&name).await?.map(Arc::new),
-                };
-                match existing {
-                    // Created, never applied over: a Service of that name
-                    // made meanwhile by someone else makes it fail
-                    // (AlreadyExists) and is looked at on the retry.
-                    None => {
-                        let svc: Service =
-                            serde_json::from_value(service).expect("status::service is a Service");
-                        let params = PostParams {
-                            field_manager: Some(FIELD_MANAGER.into()),
-                            ..PostParams::default()
-                        };
-                        api.create(&params, &svc).await?;
-                        tracing::info!(
-                            function = name,
-                            service = format!("{ns}/{name}"),
-                            "Service created"
-                        );
-                        None
-                    }
-                    Some(svc) if !status::made_by_fnrun(&svc, &name) => {
-                        Some(status::service_conflict(ns, &name))
-                    }
-                    Some(svc) => {
-                        let current = svc.owner_references().iter().any(|o| o.uid == uid)
-                            && serde_json::to_value(&svc.spec).is_ok_and(|spec| {
-                                spec["selector"] == service["spec"]["selector"]
-                                    && spec["ports"][0]["port"]
-                                        == service["spec"]["ports"][0]["port"]
-                            });
-                        if !current {
-                            // The uid is a precondition: a Service deleted
-                            // and made again by someone else since it was
-                            // read is not applied over.
-                            service["metadata"]["uid"] = svc.uid().unwrap_or_default().into();
-                            let params = PatchParams::apply(FIELD_MANAGER).force();
-                            api.patch(&name, &params, &Patch::Apply(&service)).await?;
-                            tracing::info!(
-                                function = name,
-                                service = format!("{ns}/{name}"),
-                                "Service applied"
-                            );
-                        }
-                        None
-                    }
-                }
-            }
-        };
-        let first = {
-            let mut reported = self
-                .service_problems
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match &why {
-                Some(why) => reported.insert(name.clone(), why.clone()).as_ref() != Some(why),
-                None => {
-                    reported.remove(&name);
-                    false
-                }
-            }
-        };
-        if let (true, Some(why)) = (first, &why) {
-            tracing::warn!(
-                function = name,
-                service = format!("{ns}/{name}"),
-                error = why,
-                "the Function's Service is not written"
-            );
-            self.publish_on_active(
-                &name,
-                Event {
-                    type_: EventType::Warning,
-                    reason: "ServiceConflict".into(),
-                    note: Some(fnrun_api::text::bounded(why, 1000).into_owned()),
-                    action: "WriteService".into(),
-                    secondary: None,
-                },
-            )
-            .await;
-        }
-        Ok(why)
-    }
-
-    /// The leader's write of the runtime's status of each of `function`'s
-    /// revisions (the active one with `health`).
-    async fn write_status(
-        &self,
-        function: &Function,
-        revisions: &[Arc<FunctionRevision>],
-        health: Option<&Health>,
-    ) -> Result<(), Error> {
-        let name = function.name_any();
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let now = now();
-        let api = Api::<FunctionRevision>::all(self.client.clone());
-        for rev in revisions {
-            let applied = status::revision_status(rev, &name, health, &self.config, &now);
-            if status::already_applied(rev, &applied) {
-                continue;
-            }
-            api.patch_status(&rev.name_any(), &params, &Patch::Apply(&applied))
-                .await?;
-            tracing::info!(
-                function = name,
-                revision = rev.name_any(),
-                active = rev.is_active(),
-                health = ?health,
-                "FunctionRevision status applied"
-            );
-        }
-        Ok(())
-    }
-
-    /// An Event on `name`'s active revision about a trial start (the leader's
-    /// only: every replica starts its own).
-    async fn event_on_active(&self, name: &str, result: &Result<(), String>, image: &str) {
-        let event = match result {
-            Ok(()) => Event {
-                type_: EventType::Normal,
-                reason: "Started".into(),
-                note: Some(format!("fnrun pulled {image} and its server answered")),
-                action: "TrialStart".into(),
-                secondary: None,
-            },
-            Err(why) => Event {
-                type_: EventType::Warning,
-                reason: "StartFailed".into(),
-                note: Some(fnrun_api::text::bounded(why, 1000).into_owned()),
-                action: "TrialStart".into(),
-                secondary: None,
-            },
-        };
-        self.publish_on_active(name, event).await;
-    }
-
-    /// `event` on `name`'s active revision, if this replica leads.
-    async fn publish_on_active(&self, name: &str, event: Event) {
-        if !*self.leader.borrow() {
-            return;
-        }
-        let Some(rev) = self.revisions.state().into_iter().find(|r| {
-            r.labels().get(PACKAGE_LABEL).map(String::as_str) == Some(name) && r.is_active()
-        }) else {
-            return;
-        };
-        if let Err(e) = self.recorder.publish(&event, &rev.object_ref(&())).await {
-            tracing::debug!(error = %e, "cannot publish an Event");
-        }
-    }
-
-    /// Stops serving Functions that are gone, and (the leader) deletes
-    /// Services of Functions that are gone: what a restart, or a Function
-    /// deleted while fnrun was down, left.
-    async fn sweep(self: &Arc<Self>) {
-        // A Function being deleted counts as gone: without a garbage
-        // collector (or while its finalizers wait) it may stay for long.
-        let existing: HashSet<String> = self
-            .functions
-            .state()
-            .iter()
-            .filter(|f| f.meta().deletion_timestamp.is_none())
-            .map(|f| f.name_any())
-            .collect();
-        {
-            let mut state = self.state.lock().await;
-            let gone: Vec<String> = state
-                .defs
-                .keys()
-                .filter(|n| !existing.contains(*n))
-                .cloned()
-                .collect();
-            for name in &gone {
-                tracing::info!(
-                    function = name,
-                    "the Function was deleted: no longer served"
-                );
-                state.trials.remove(name);
-                state.defs.remove(name);
-            }
-            // Also what no reconcile applies: the CA read while there is no
-            // Function, and the empty catalogue then served.
-            self.sync_host(&mut state).await;
-            self.update_readiness(&state);
-        }
-        if !*self.leader.borrow() {
-            return;
-        }
-        let ns = &self.config.namespace;
-        let api = Api::<Service>::namespaced(self.client.clone(), ns);
-        for svc in self.services.state() {
-            let Some(function) = svc.labels().get(FUNCTION_LABEL) else {
-                continue;
-            };
-            // Only a Service fnrun made for that Function: a label alone
-            // makes no Service fnrun's.
-            if existing.contains(function)
-                || svc.name_any() != *function
-                || !status::made_by_fnrun(&svc, function)
-            {
-                continue;
-            }
-            // The uid is a precondition: a Service of that name made again
-            // since by someone else is not deleted.
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: svc.uid(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&svc.name_any(), &params).await {
-                Ok(_) => tracing::info!(
-                    function,
-                    service = format!("{ns}/{}", svc.name_any()),
-                    "the Function was deleted: its Service too"
-                ),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => {
-                    tracing::warn!(function, error = %e, "cannot delete the Service of a deleted Function")
-                }
-            }
-        }
-    }
-}
-
-/// Sweeps every few seconds.
-async fn sweep_loop(ctx: Arc<Ctx>) {
-    let mut every = tokio::time::interval(SWEEP_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        ctx.sweep().await;
-    }
-}
-
-/// Now, as a condition's `lastTransitionTime` (RFC 3339, seconds).
-fn now() -> String {
-    let time = Time(k8s_openapi::jiff::Timestamp::now());
-    serde_json::to_value(time)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn watched(what: &str, ready: bool, error: Option<&str>) -> Watched {
-        Watched {
-            what: what.into(),
-            ready: Arc::new(std::sync::atomic::AtomicBool::new(ready)),
-            error: Arc::new(std::sync::Mutex::new(error.map(str::to_owned))),
-        }
-    }
-
-    #[tokio::test]
-    async fn the_start_fails_naming_what_it_could_not_read_and_why() {
-        let all = [
-            watched("Functions", true, None),
-            watched(
-                "the CA Secret ns/ca (--functions-ca-secret)",
-                false,
-                Some("secrets \"ca\" is forbidden"),
-            ),
-            watched("Services in ns", false, None),
-        ];
-        let error = wait_until_read(&all, Duration::from_millis(100), None)
-            .await
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            error,
-            "Kubernetes mode cannot read what it serves from (--functions-start-timeout 100ms): \
-             the CA Secret ns/ca (--functions-ca-secret): secrets \"ca\" is forbidden; \
-             Services in ns: no answer"
-        );
-    }
-
-    #[tokio::test]
-    async fn the_start_waits_for_every_store() {
-        let all = [
-            watched("Functions", true, None),
-            watched("Services", false, None),
-        ];
-        let late = all[1].ready.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            late.store(true, std::sync::atomic::Ordering::Release);
-        });
-        wait_until_read(&all, Duration::from_secs(30), None)
-            .await
-            .unwrap();
-        assert!(all[1].ready.load(std::sync::atomic::Ordering::Acquire));
-    }
-
-    #[tokio::test]
-    async fn while_the_api_is_not_read_readiness_says_it_waits_for_it() {
-        let readiness = fnrun_transport::readiness::Readiness::new("starting");
-        let all = [
-            watched("Functions", false, Some(NO_CROSSPLANE_CRDS)),
-            watched("Services in ns", true, None),
-        ];
-        let error = wait_until_read(&all, Duration::from_millis(100), Some(&readiness))
-            .await
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            readiness.get(),
-            Err(format!(
-                "waiting for the API server (Functions: {NO_CROSSPLANE_CRDS})"
-            ))
-        );
-        assert!(
-            error.ends_with(&format!("Functions: {NO_CROSSPLANE_CRDS}")),
-            "{error}"
-        );
-        let quiet = [watched("Functions", false, None)];
-        let _ = wait_until_read(&quiet, Duration::from_millis(100), Some(&readiness)).await;
-        assert_eq!(
-            readiness.get(),
-            Err("waiting for the API server".to_owned())
-        );
-    }
-
-    #[test]
-    fn a_404_on_crossplanes_kinds_is_their_crds_missing() {
-        let not_found = || {
-            kube::Error::Api(Box::new(kube::core::Status {
-                code: 404,
-                message: "the server could not find the requested resource".into(),
-                ..Default::default()
-            }))
-        };
-        let e = watcher::Error::InitialListFailed(not_found());
-        assert_eq!(watch_error(&e, true), NO_CROSSPLANE_CRDS);
-        // Another kind's 404 (the Secret's watch) is not Crossplane's.
-        assert_ne!(watch_error(&e, false), NO_CROSSPLANE_CRDS);
-        let forbidden =
-            watcher::Error::InitialListFailed(kube::Error::Api(Box::new(kube::core::Status {
-                code: 403,
-                message: "forbidden".into(),
-                ..Default::default()
-            })));
-        assert!(watch_error(&forbidden, true).contains("forbidden"));
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_most() {
-        let (first, most) = (Duration::from_secs(1), Duration::from_secs(300));
-        assert_eq!(backoff(first, most, 0), first);
-        assert_eq!(backoff(first, most, 1), first);
-        assert_eq!(backoff(first, most, 2), Duration::from_secs(2));
-        assert_eq!(backoff(first, most, 5), Duration::from_secs(16));
-        assert_eq!(backoff(first, most, 40), most);
-        assert_eq!(backoff(first, most, u32::MAX), most);
-    }
-
-    #[test]
-    fn now_is_rfc3339() {
-        let now = now();
-        assert_eq!(now.len(), "2026-11-26T05:00:00Z".len(), "{now}");
-        assert!(now.ends_with('Z'), "{now}");
     }
 }

@@ -2,8 +2,6 @@
 //! Function, and the runtime's part of each FunctionRevision's status. Pure:
 //! built here, sent by the reconciler.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::Service;
 use serde_json::{Value, json};
 
@@ -131,6 +129,27 @@ pub fn check_service(svc: &Value) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Why a Function cannot be served yet as its objects say (a pull secret
+/// missing, a runtime config fnrun cannot honour, the CA unusable): not a
+/// failure of the API, but what its active revision's `RuntimeHealthy` says,
+/// with `reason`, until the reconcile tried again finds it solved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct CannotServe {
+    /// The condition's reason.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl CannotServe {
+    pub fn new(message: impl Into<String>) -> Self {
+        CannotServe {
+            reason: REASON_UNHEALTHY,
+            message: message.into(),
+        }
+    }
 }
 
 /// How the runtime of an active revision is, as fnrun knows it.
@@ -272,24 +291,6 @@ pub fn already_applied(rev: &FunctionRevision, applied: &Value) -> bool {
     })
 }
 
-/// The labels of a selector flag, `K=V,K=V`.
-pub fn parse_selector(text: &str) -> Result<BTreeMap<String, String>, String> {
-    let mut labels = BTreeMap::new();
-    for pair in text.split(',').filter(|p| !p.is_empty()) {
-        let (k, v) = pair
-            .split_once('=')
-            .ok_or_else(|| format!("{pair:?} is not KEY=VALUE"))?;
-        if k.is_empty() || k.len() > 317 || v.len() > 63 {
-            return Err(format!("{pair:?} is not a label"));
-        }
-        labels.insert(k.to_owned(), v.to_owned());
-    }
-    if labels.is_empty() {
-        return Err("no label".to_owned());
-    }
-    Ok(labels)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,7 +302,7 @@ mod tests {
             ca_secret: Some("crossplane-root-ca".into()),
             identity: "a".into(),
             lease: "fnrun-functions".into(),
-            service_selector: parse_selector("app=fnrun").unwrap(),
+            service_selector: [("app".to_owned(), "fnrun".to_owned())].into(),
             idle_timeout: None,
             start_timeout: std::time::Duration::from_secs(60),
         }
@@ -540,14 +541,5 @@ mod tests {
         assert_eq!(status["conditions"][0]["type"], "RuntimeHealthy");
         assert_eq!(status["conditions"][0]["status"], "False");
         assert_eq!(status["conditions"][0]["message"], why.as_str());
-    }
-
-    #[test]
-    fn selectors_are_key_value_pairs() {
-        let labels = parse_selector("a=b,c.d/e=f").unwrap();
-        assert_eq!(labels.len(), 2);
-        assert_eq!(labels["c.d/e"], "f");
-        assert!(parse_selector("").is_err());
-        assert!(parse_selector("a").is_err());
     }
 }

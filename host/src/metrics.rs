@@ -7,7 +7,9 @@
 //! mutex, bounded by the catalogue (at most [`super::catalogue::MAX_FUNCTIONS`]
 //! functions and 17 codes); a function's series go when it leaves the
 //! catalogue. Calls that name no function of the catalogue count under
-//! `function=""`.
+//! `function=""`. Kubernetes mode's reconciles are counted by Function too
+//! (`fnrun_controller_reconciles_total`, only once there is one): bounded by
+//! the Functions installed, a Function's series goes when it is deleted.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -36,6 +38,8 @@ pub struct FunctionMetrics {
     /// Certificates minted for server names no function answers to
     /// ([`crate::tls::SniResolver`]).
     pub unknown_name_mints: AtomicU64,
+    /// Kubernetes mode's reconciles, by Function (none in file mode).
+    reconciles: Mutex<BTreeMap<String, u64>>,
 }
 
 impl FunctionMetrics {
@@ -56,6 +60,24 @@ impl FunctionMetrics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|(f, _), _| f.is_empty() || names.contains(&f.as_str()));
+    }
+
+    /// Counts a reconcile of the Function `function` (Kubernetes mode).
+    pub fn reconciled(&self, function: &str) {
+        *self
+            .reconciles
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(function.to_owned())
+            .or_default() += 1;
+    }
+
+    /// Forgets the reconciles of the Function `function`, deleted.
+    pub fn forget_reconciles(&self, function: &str) {
+        self.reconciles
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(function);
     }
 
     pub fn render(&self, out: &mut String) {
@@ -100,6 +122,23 @@ impl FunctionMetrics {
             "# HELP fnrun_tls_unknown_name_certificates_minted_total Server certificates minted for names no Crossplane function answers to.\n# TYPE fnrun_tls_unknown_name_certificates_minted_total counter\nfnrun_tls_unknown_name_certificates_minted_total {}",
             self.unknown_name_mints.load(Relaxed)
         );
+        let reconciles = self
+            .reconciles
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if !reconciles.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP fnrun_controller_reconciles_total Reconciles of each Crossplane Function (Kubernetes mode).\n# TYPE fnrun_controller_reconciles_total counter"
+            );
+            for (function, n) in reconciles {
+                let _ = writeln!(
+                    out,
+                    "fnrun_controller_reconciles_total{{function=\"{function}\"}} {n}"
+                );
+            }
+        }
         self.start_duration.render(
             out,
             "fnrun_function_start_duration_seconds",

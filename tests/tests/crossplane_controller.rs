@@ -32,8 +32,8 @@
 //!   of the new CA is served, Crossplane's of the old one refused); then
 //!   Crossplane's CA back;
 //! - two replicas: one leader, both serve; the leader is killed, the other
-//!   takes the Lease once it expires and writes what changed: a deleted
-//!   Function's Service and instance go;
+//!   takes the Lease once it expires and writes what changed, and a deleted
+//!   Function's instance goes;
 //! - fnrun run by an unprivileged user (rootless) takes over, and an XR is
 //!   composed through it.
 //!
@@ -41,8 +41,9 @@
 //! fnrun and Crossplane run on the host (no kubelet), and Crossplane resolves
 //! `NAME.crossplane-system` through a hosts file of its own to the loopback
 //! address fnrun listens on. Without a kube-controller-manager there is no
-//! garbage collector: a deleted Function's Service goes because fnrun deletes
-//! it.
+//! garbage collector: a deleted Function's Service, owned by it, stays (in a
+//! cluster the garbage collector deletes it; fnrun deletes no Service), and
+//! what is checked is that fnrun stops serving the Function.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -175,17 +176,45 @@ fn servers_by_package(pid: u32) -> Vec<Option<String>> {
         .collect()
 }
 
-/// Waits until the Service of the deleted Function `name` is gone.
-fn wait_service_gone(cp: &ControlPlane, name: &str, logs: &dyn Fn() -> String) {
+/// The uid of the Function `name`.
+fn function_uid(cp: &ControlPlane, name: &str) -> serde_json::Value {
+    cp.get_json(&["function", name]).unwrap()["metadata"]["uid"].clone()
+}
+
+/// Waits until fnrun no longer serves the deleted Function `name` (its log
+/// says so), and checks that its Service is owned by that Function (of uid
+/// `uid`): a cluster's garbage collector deletes it. There is none here, so
+/// the Service stays: fnrun does not delete it.
+fn wait_function_gone(
+    cp: &ControlPlane,
+    name: &str,
+    uid: &serde_json::Value,
+    logs: &dyn Fn() -> String,
+) {
     wait_for(
-        &format!("the deleted Function {name}'s Service gone"),
+        &format!("fnrun no longer serving the deleted Function {name}"),
         Duration::from_secs(120),
         || {
-            cp.get_json(&["service", name, "-n", NAMESPACE])
-                .is_err()
+            logs()
+                .lines()
+                .any(|l| {
+                    l.contains("the Function was deleted: no longer served")
+                        && l.contains(&format!("\"function\":\"{name}\""))
+                })
                 .then_some(())
         },
         logs,
+    );
+    let service = cp
+        .get_json(&["service", name, "-n", NAMESPACE])
+        .unwrap_or_else(|e| panic!("{name}'s Service: {e}\n{}", logs()));
+    assert!(
+        service["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|owners| owners
+                .iter()
+                .any(|o| o["kind"] == "Function" && o["name"] == name && o["uid"] == *uid)),
+        "{service}"
     );
 }
 
@@ -563,10 +592,11 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     assert_eq!(fnrun.try_wait(), None, "{}", fnrun.log());
     drop(paused);
     // Back, fnrun follows Crossplane again and writes as the leader: a
-    // deleted Function's Service goes.
+    // deleted Function is no longer served.
+    let uid = function_uid(&cp, OPS);
     cp.kubectl(&["delete", "function", OPS, "--wait=false"])
         .unwrap();
-    wait_service_gone(&cp, OPS, &|| logs(&fnrun));
+    wait_function_gone(&cp, OPS, &uid, &|| logs(&fnrun));
     assert!(served(&crossplane_tls, &crossplane_tls.ca));
 
     // The CA Secret deleted: every active revision says why fnrun cannot
@@ -760,16 +790,10 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
         },
         &|| second.log(),
     );
+    let uid = function_uid(&cp, BROKEN);
     cp.kubectl(&["delete", "function", BROKEN, "--wait=false"])
         .unwrap();
-    wait_service_gone(&cp, BROKEN, &|| second.log());
-    assert!(
-        second
-            .log()
-            .contains("the Function was deleted: no longer served"),
-        "{}",
-        second.log()
-    );
+    wait_function_gone(&cp, BROKEN, &uid, &|| second.log());
     // Its instance went too.
     wait_for(
         "the deleted Function's instance stopped",

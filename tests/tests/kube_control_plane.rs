@@ -9,9 +9,11 @@
 //!
 //! - a Function named like a Service fnrun did not create (Crossplane's
 //!   `crossplane-webhooks`) gets no Service: that one is left as it was, the
-//!   revision says `RuntimeHealthy` False naming it (and an Event), and
-//!   deleting Functions deletes only the Services fnrun made, not one that
-//!   merely carries fnrun's labels;
+//!   revision says `RuntimeHealthy` False naming it (and an Event); deleted
+//!   Functions are served no more, and no Service is deleted by fnrun (the
+//!   one it made is owned by its Function, for the garbage collector);
+//! - one event of one Function (or of its revision) reconciles that Function
+//!   and no other (`fnrun_controller_reconciles_total`);
 //! - readiness (`/readyz` of the metrics listener, the Deployment's probe):
 //!   not ready while Crossplane's CRDs are missing (and saying so) or the API
 //!   server does not answer, TLS handshakes refused meanwhile as not ready;
@@ -73,7 +75,6 @@ const CONTROLLER_ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("crossplane-system", &["watch", "services"]),
     ("crossplane-system", &["patch", "services"]),
-    ("crossplane-system", &["delete", "services"]),
     (
         "crossplane-system",
         &["watch", "secrets/crossplane-root-ca"],
@@ -155,6 +156,9 @@ const CONTROLLER_REFUSED: &[(&str, &[&str])] = &[
     ("default", &["patch", "services"]),
     ("kube-system", &["create", "events.events.k8s.io"]),
     ("crossplane-system", &["list", "nodes"]),
+    // The garbage collector deletes a deleted Function's Service (it owns
+    // it): fnrun deletes none.
+    ("crossplane-system", &["delete", "services"]),
 ];
 
 /// Requests a service account of fnrun must not be allowed.
@@ -469,7 +473,11 @@ fn install_package_crds(cp: &ControlPlane) {
 /// manager makes them, for an image no registry serves (its trial start
 /// fails; what is tested here is what fnrun writes around it).
 fn install_function(cp: &ControlPlane, name: &str) {
-    let image = format!("127.0.0.1:1/fns/{name}:v1");
+    install_function_of(cp, name, &format!("127.0.0.1:1/fns/{name}:v1"));
+}
+
+/// A Function `name` of `image` and its Active revision.
+fn install_function_of(cp: &ControlPlane, name: &str, image: &str) {
     cp.apply(&format!(
         "apiVersion: pkg.crossplane.io/v1\nkind: Function\nmetadata:\n  name: {name}\nspec:\n  package: {image}\n"
     ))
@@ -647,19 +655,36 @@ fn a_function_never_takes_over_a_service_fnrun_did_not_create() {
         &log,
     );
 
-    // The Functions deleted: fn-a's Service goes (there is no garbage
-    // collector here: fnrun deletes it), the others stay as they were.
+    // The Functions deleted: fnrun serves them no more, and deletes no
+    // Service. fn-a's is owned by its Function (checked above), which is
+    // how a cluster's garbage collector deletes it; there is none here, so
+    // it stays, as do the others.
     for name in ["fn-a", "crossplane-webhooks"] {
         cp.kubectl(&["delete", "function", name]).unwrap();
     }
-    wait_for(
-        "fn-a's Service deleted",
-        Duration::from_secs(60),
-        || service("fn-a").is_none().then_some(()),
-        &log,
+    for name in ["fn-a", "crossplane-webhooks"] {
+        wait_for(
+            &format!("fnrun no longer serving the deleted Function {name}"),
+            Duration::from_secs(60),
+            || {
+                log()
+                    .lines()
+                    .any(|l| {
+                        l.contains("the Function was deleted: no longer served")
+                            && l.contains(&format!("\"function\":\"{name}\""))
+                    })
+                    .then_some(())
+            },
+            &log,
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        service("fn-a").unwrap()["metadata"]["uid"],
+        fn_a["metadata"]["uid"],
+        "{}",
+        log()
     );
-    // A sweep (every 3 s) more, for good measure.
-    std::thread::sleep(Duration::from_secs(7));
     for (name, before) in [
         ("crossplane-webhooks", &webhooks),
         ("fn-labelled", &labelled),
@@ -670,6 +695,128 @@ fn a_function_never_takes_over_a_service_fnrun_did_not_create() {
             "{name}: {now}"
         );
     }
+}
+
+/// A Function `name` whose only revision is Inactive: fnrun serves nothing
+/// of it, starts no trial, and (the leader) writes `RuntimeActive` False on
+/// the revision once; nothing then reconciles it again for 10 minutes but
+/// its own events.
+fn install_inactive_function(cp: &ControlPlane, name: &str) {
+    let image = format!("127.0.0.1:1/fns/{name}:v1");
+    cp.apply(&format!(
+        "apiVersion: pkg.crossplane.io/v1\nkind: Function\nmetadata:\n  name: {name}\nspec:\n  package: {image}\n"
+    ))
+    .unwrap();
+    cp.apply(&format!(
+        "apiVersion: pkg.crossplane.io/v1\nkind: FunctionRevision\nmetadata:\n  name: {name}-0123456789ab\n\
+         \x20 labels:\n    pkg.crossplane.io/package: {name}\nspec:\n  desiredState: Inactive\n  image: {image}\n  revision: 1\n"
+    ))
+    .unwrap();
+}
+
+/// `fnrun_controller_reconciles_total` by Function, from `/metrics`.
+fn reconciles(metrics: &str) -> std::collections::BTreeMap<String, u64> {
+    let (_, body) = http_get(metrics, "/metrics").unwrap_or_default();
+    body.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("fnrun_controller_reconciles_total{function=\"")?;
+            let (name, n) = rest.split_once("\"} ")?;
+            Some((name.to_owned(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn an_event_of_one_function_reconciles_that_function_only() {
+    let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
+    crossplane_namespace(&cp, true);
+    let names: Vec<String> = (0..4).map(|i| format!("fn-{i}")).collect();
+    for name in &names {
+        install_inactive_function(&cp, name);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = service_account_kubeconfig(&cp, dir.path());
+    let (opts, metrics) = fnrun_opts(&cp, &kubeconfig, loopback_ip(), "fnrun-0", &[], None);
+    let fnrun = Daemon::start(opts).unwrap();
+    let log = || fnrun.log();
+    // Every Function reconciled, its revision's status written, and no
+    // reconcile more for 3 s: settled.
+    wait_for(
+        "every Function's revision written",
+        Duration::from_secs(60),
+        || {
+            names
+                .iter()
+                .all(|n| revision_condition(&cp, n, "RuntimeActive").is_some())
+                .then_some(())
+        },
+        &log,
+    );
+    let settled = wait_for(
+        "the reconciles settled",
+        Duration::from_secs(60),
+        || {
+            let before = reconciles(&metrics);
+            std::thread::sleep(Duration::from_secs(3));
+            let after = reconciles(&metrics);
+            (before.len() == names.len() && before == after).then_some(after)
+        },
+        &log,
+    );
+    // One event of fn-2 (an annotation on the Function), then one of fn-3's
+    // revision: each reconciles its own Function, and no other.
+    cp.kubectl(&["annotate", "function", "fn-2", "example.org/poke=1"])
+        .unwrap();
+    let after = wait_for(
+        "fn-2 reconciled",
+        Duration::from_secs(30),
+        || {
+            let now = reconciles(&metrics);
+            (now["fn-2"] > settled["fn-2"]).then_some(now)
+        },
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let after = {
+        let now = reconciles(&metrics);
+        assert!(now["fn-2"] >= after["fn-2"]);
+        now
+    };
+    for name in ["fn-0", "fn-1", "fn-3"] {
+        assert_eq!(
+            after[name], settled[name],
+            "{name}: {after:?} (before: {settled:?})"
+        );
+    }
+    cp.kubectl(&[
+        "annotate",
+        "functionrevision",
+        "fn-3-0123456789ab",
+        "example.org/poke=1",
+    ])
+    .unwrap();
+    wait_for(
+        "fn-3 reconciled",
+        Duration::from_secs(30),
+        || (reconciles(&metrics)["fn-3"] > after["fn-3"]).then_some(()),
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let last = reconciles(&metrics);
+    for name in ["fn-0", "fn-1", "fn-2"] {
+        assert_eq!(
+            last[name], after[name],
+            "{name}: {last:?} (before: {after:?})"
+        );
+    }
+    // A deleted Function's count goes with it.
+    cp.kubectl(&["delete", "function", "fn-1"]).unwrap();
+    wait_for(
+        "fn-1's reconciles forgotten",
+        Duration::from_secs(30),
+        || (!reconciles(&metrics).contains_key("fn-1")).then_some(()),
+        &log,
+    );
 }
 
 /// `GET /readyz` of the metrics listener `metrics`: its status and body.
@@ -847,4 +994,190 @@ fn fnrun_is_ready_once_it_has_read_the_api_and_says_why_not_until_then() {
     }
     let status = fnrun.wait_exit(Duration::from_secs(60));
     assert!(status.is_some_and(|s| s.success()), "{}", fnrun.log());
+}
+
+/// `pid` and every process below it.
+fn process_tree(pid: u32) -> Vec<u32> {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+        {
+            children.entry(ppid).or_default().push(p);
+        }
+    }
+    let (mut out, mut todo) = (Vec::new(), vec![pid]);
+    while let Some(p) = todo.pop() {
+        out.push(p);
+        todo.extend(children.get(&p).into_iter().flatten());
+    }
+    out
+}
+
+/// PSS (KiB) of `pid` by kind of mapping, from `/proc/PID/smaps`: the
+/// binary, other files (libraries), the main heap, anonymous mappings
+/// (glibc's other malloc arenas and the threads' stacks) and the rest; and
+/// the total.
+fn pss_by_mapping(pid: u32) -> (std::collections::BTreeMap<&'static str, u64>, u64) {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut by = std::collections::BTreeMap::new();
+    let mut kind = "other";
+    let mut total = 0;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields
+            .first()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
+            let path = fields.get(5).copied().unwrap_or("");
+            kind = if path.ends_with("/fnrun") {
+                "binary"
+            } else if path.starts_with('/') {
+                "files"
+            } else if path == "[heap]" {
+                "heap"
+            } else if path.is_empty() {
+                "anonymous"
+            } else {
+                "other"
+            };
+        } else if fields.first() == Some(&"Pss:") {
+            let kib: u64 = fields.get(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+            *by.entry(kind).or_default() += kib;
+            total += kib;
+        }
+    }
+    (by, total)
+}
+
+/// Kubernetes mode's memory once idle (issue 38.3), `#[ignore]`d: a
+/// measurement, run by name, as root (`--ignored`). `FNRUN_MEMORY_FUNCTIONS`
+/// (20) Functions of distinct images in a loopback registry (one
+/// function-patch-and-transform package each, as bench_controller.rs has
+/// them), each Active, installed before fnrun starts with
+/// `--functions-idle-timeout=2s`; once every revision is `RuntimeHealthy`
+/// True (every image pulled, every trial started) and every instance has
+/// stopped, PSS and RSS of fnrun's process tree, and fnrun's PSS by kind of
+/// mapping. `FNRUN_MEMORY_MALLOC_ARENA_MAX` sets fnrun's `MALLOC_ARENA_MAX`.
+#[test]
+#[ignore = "a measurement: run by name, as root"]
+fn kubernetes_mode_idle_memory() {
+    if !fnrun_tests::user::require_root("kubernetes_mode_idle_memory") {
+        return;
+    }
+    let n: usize = std::env::var("FNRUN_MEMORY_FUNCTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let registry = fnrun_tests::registry::Registry::start().expect("registry starts");
+    let pt = fnrun_tests::crossplane::PATCH_AND_TRANSFORM;
+    let names: Vec<String> = (0..n).map(|i| format!("mem-fn-{i:02}")).collect();
+    let packages: Vec<String> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            pt.image()
+                .expect("function-patch-and-transform builds and packages")
+                .env("BENCH", &i.to_string())
+                .push_to(&registry, &format!("fns/{name}:v1"))
+        })
+        .collect();
+    let cp = ControlPlane::start().expect("etcd and kube-apiserver start");
+    crossplane_namespace(&cp, true);
+    // FNRUN_MEMORY_INACTIVE: every revision Inactive, so that nothing is
+    // pulled nor started: what the controller alone holds.
+    let inactive = std::env::var_os("FNRUN_MEMORY_INACTIVE").is_some();
+    for (name, package) in names.iter().zip(&packages) {
+        if inactive {
+            install_inactive_function(&cp, name);
+        } else {
+            install_function_of(&cp, name, package);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = service_account_kubeconfig(&cp, dir.path());
+    let (mut opts, metrics) = fnrun_opts(
+        &cp,
+        &kubeconfig,
+        loopback_ip(),
+        "fnrun-0",
+        &["--functions-idle-timeout=2s"],
+        None,
+    );
+    if let Ok(arenas) = std::env::var("FNRUN_MEMORY_MALLOC_ARENA_MAX") {
+        opts = opts.env("MALLOC_ARENA_MAX", &arenas);
+    }
+    let started = Instant::now();
+    let fnrun = Daemon::start(opts).unwrap();
+    let log = || fnrun.log();
+    wait_for(
+        "every Function RuntimeHealthy",
+        Duration::from_secs(600),
+        || {
+            names
+                .iter()
+                .all(|n| match inactive {
+                    true => revision_condition(&cp, n, "RuntimeActive").is_some(),
+                    false => revision_condition(&cp, n, "RuntimeHealthy")
+                        .is_some_and(|c| c["status"] == "True"),
+                })
+                .then_some(())
+        },
+        &log,
+    );
+    eprintln!(
+        "{n} Functions healthy {:?} after the start",
+        started.elapsed()
+    );
+    let pid = fnrun.pid().unwrap();
+    wait_for(
+        "every instance stopped",
+        Duration::from_secs(120),
+        || {
+            let (_, body) = http_get(&metrics, "/metrics").ok()?;
+            (body.lines().any(|l| l == "fnrun_function_instances 0")
+                && process_tree(pid).len() <= 2)
+                .then_some(())
+        },
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(10));
+    let tree = process_tree(pid);
+    let (mut rss, mut pss) = (0u64, 0u64);
+    for p in &tree {
+        let rollup = std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).unwrap_or_default();
+        for line in rollup.lines() {
+            let kib = || -> u64 {
+                line.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            if line.starts_with("Rss:") {
+                rss += kib();
+            } else if line.starts_with("Pss:") {
+                pss += kib();
+            }
+        }
+    }
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    let (by, total) = pss_by_mapping(pid);
+    println!(
+        "kubernetes mode, {n} Functions, idle: {} processes, PSS {pss} KiB, RSS {rss} KiB; \
+         fnrun: PSS {total} KiB by mapping {by:?}, {threads} threads; MALLOC_ARENA_MAX={:?}",
+        tree.len(),
+        std::env::var("FNRUN_MEMORY_MALLOC_ARENA_MAX").ok()
+    );
 }
