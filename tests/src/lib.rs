@@ -55,6 +55,7 @@ pub mod image;
 pub mod java;
 pub mod krm;
 pub mod kube;
+pub mod node;
 pub mod prebuild;
 pub mod process;
 pub mod python;

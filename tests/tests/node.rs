@@ -1,0 +1,121 @@
+//! A real Kubernetes node (`fnrun_tests::node`: containerd, runc, kubelet,
+//! kube-proxy, CoreDNS, the CNI bridge plugin, built from their modules)
+//! runs a Pod: a busybox image built by the tests, imported into
+//! containerd, runs to completion, its log is what it printed (including
+//! the cluster DNS's answer), and once it is deleted and the
+//! node stopped, nothing of the node is left on the host: no process,
+//! mount, cgroup, link, iptables rule or changed sysctl.
+
+use std::time::{Duration, Instant};
+
+use fnrun_tests::image::TestImage;
+use fnrun_tests::node::{HostState, NODE_IP, NODE_NAME, Node};
+
+#[test]
+fn a_pod_runs_to_completion_on_a_real_node_and_the_node_leaves_nothing_behind() {
+    if !fnrun_tests::user::is_root() {
+        eprintln!("skipped: a Kubernetes node needs root");
+        return;
+    }
+    let before = HostState::now();
+    let mut node = Node::start().expect("the node starts and is Ready");
+
+    // The node is what it says: registered with its address, and it made
+    // what the check after the stop looks for (so that check can fail).
+    let addresses = node
+        .kubectl(&[
+            "get",
+            "node",
+            NODE_NAME,
+            "-o",
+            "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+        ])
+        .unwrap();
+    assert_eq!(addresses.trim(), NODE_IP);
+
+    let image = TestImage::busybox()
+        .tag("node")
+        .cmd([
+            "/bin/sh",
+            "-c",
+            "echo hello from the node; grep -c fnrun-node /proc/self/cgroup; \
+             nslookup kubernetes.default.svc.cluster.local",
+        ])
+        .build()
+        .unwrap();
+    let reference = node.import_image(&image, "fnrun.test/busybox").unwrap();
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: hello, namespace: default}}
+spec:
+  nodeName: {NODE_NAME}
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  containers:
+  - name: hello
+    image: {reference}
+    imagePullPolicy: Never
+"#
+    );
+    node.cp().apply(&pod).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let phase = loop {
+        let phase = node
+            .kubectl(&["get", "pod", "hello", "-o", "jsonpath={.status.phase}"])
+            .unwrap();
+        if phase == "Succeeded" || phase == "Failed" || Instant::now() > deadline {
+            break phase;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let describe = || {
+        format!(
+            "{}\n{}",
+            node.kubectl(&["get", "pod", "hello", "-o", "yaml"])
+                .unwrap_or_default(),
+            node.log_tails()
+        )
+    };
+    assert_eq!(phase, "Succeeded", "{}", describe());
+    // The log, through the API server and kubelet, as a user reads it.
+    let log = node.kubectl(&["logs", "hello"]).unwrap();
+    let mut lines = log.lines();
+    assert_eq!(lines.next(), Some("hello from the node"), "{log}");
+    // Its cgroups are under the node's.
+    assert_ne!(lines.next(), Some("0"), "{log}");
+    // The cluster's DNS (CoreDNS behind the Service kube-dns, through
+    // kube-proxy's rules) answers with the API server's Service address.
+    assert!(
+        log.contains("Address: 10.96.0.1\n") || log.contains("Address: 10.96.0.1 "),
+        "{log}"
+    );
+    // A pod's IP from the node's network.
+    let ip = node
+        .kubectl(&["get", "pod", "hello", "-o", "jsonpath={.status.podIP}"])
+        .unwrap();
+    assert!(ip.starts_with("10.244.0."), "{ip}: {}", describe());
+
+    let during = HostState::now();
+    let made = before.diff(&during);
+    for what in ["link new", "iptables new", "cgroup new", "process new"] {
+        assert!(
+            made.iter().any(|d| d.starts_with(what)),
+            "the node made no {what}: {made:#?}"
+        );
+    }
+    assert!(
+        made.iter().any(|d| d.starts_with("sysctl")),
+        "kubelet and the bridge plugin set no sysctl: {made:#?}"
+    );
+
+    node.kubectl(&["delete", "pod", "hello", "--timeout=60s"])
+        .unwrap();
+    let gone = node.kubectl(&["get", "pods", "-o", "name"]).unwrap();
+    assert_eq!(gone.trim(), "", "{}", describe());
+
+    let problems = node.stop();
+    assert!(problems.is_empty(), "left behind: {problems:#?}");
+    let after = HostState::now();
+    assert_eq!(before.diff(&after), Vec::<String>::new());
+}
