@@ -125,6 +125,8 @@ pub struct Binaries {
     pub kube_proxy: PathBuf,
     pub pause: PathBuf,
     pub coredns: PathBuf,
+    pub controller_manager: PathBuf,
+    pub scheduler: PathBuf,
 }
 
 impl Binaries {
@@ -162,6 +164,18 @@ impl Binaries {
             )?,
             pause: pause_binary(&go)?,
             coredns: go.build_upstream("coredns", "github.com/coredns/coredns", "coredns")?,
+            controller_manager: go.build_upstream_with(
+                "kubelet",
+                "k8s.io/kubernetes/cmd/kube-controller-manager",
+                "kube-controller-manager",
+                KUBE_VERSION_LDFLAGS,
+            )?,
+            scheduler: go.build_upstream_with(
+                "kubelet",
+                "k8s.io/kubernetes/cmd/kube-scheduler",
+                "kube-scheduler",
+                KUBE_VERSION_LDFLAGS,
+            )?,
         })
     }
 }
@@ -282,6 +296,14 @@ impl HostState {
     }
 }
 
+/// What [`Node::start_with`] starts beside the node.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// kube-controller-manager and kube-scheduler: Deployments and
+    /// DaemonSets make Pods, which are scheduled onto the node.
+    pub controllers: bool,
+}
+
 /// A control plane and a node registered with it, Ready; everything stopped
 /// and cleaned up on drop.
 pub struct Node {
@@ -290,6 +312,8 @@ pub struct Node {
     containerd: Option<Child>,
     kubelet: Option<Child>,
     proxy: Option<Child>,
+    // kube-controller-manager and kube-scheduler, with `controllers`.
+    controllers: Vec<Child>,
     bins: Binaries,
     before: HostState,
     dir: TempDir,
@@ -301,6 +325,11 @@ impl Node {
     /// Builds (once) and starts the control plane and the node; returns when
     /// the Node is Ready and the pause image is in containerd.
     pub fn start() -> Result<Node> {
+        Node::start_with(Options::default())
+    }
+
+    /// [`Node::start`] with `options`.
+    pub fn start_with(options: Options) -> Result<Node> {
         let bins = Binaries::build()?;
         // One node at a time on a machine: they share hard-coded paths,
         // iptables chains and sysctls.
@@ -316,22 +345,26 @@ impl Node {
             containerd: None,
             kubelet: None,
             proxy: None,
+            controllers: Vec::new(),
             bins,
             before,
             dir,
             stopped: false,
             _lock: lock,
         };
-        node.start_node().map_err(|e| {
+        node.start_node(options).map_err(|e| {
             let logs = node.log_tails();
             e.context(logs)
         })?;
         Ok(node)
     }
 
-    fn start_node(&mut self) -> Result<()> {
+    fn start_node(&mut self, options: Options) -> Result<()> {
         let root = self.dir.path().to_path_buf();
         let path = |name: &str| root.join(name);
+        if options.controllers {
+            self.start_controllers()?;
+        }
         for dir in ["containerd", "net.d", "kubelet", "pod-logs", "cni-ipam"] {
             fs::create_dir_all(path(dir))?;
         }
@@ -671,6 +704,44 @@ ports:
         })
     }
 
+    /// kube-controller-manager (its default controllers: DaemonSets,
+    /// Deployments, EndpointSlices, garbage collection, ServiceAccounts, the
+    /// root CA's ConfigMap, ...) and kube-scheduler, as the admin, without
+    /// leader election, serving on loopback only.
+    fn start_controllers(&mut self) -> Result<()> {
+        let root = self.dir.path().to_path_buf();
+        let cp = self.cp.as_ref().expect("the control plane runs");
+        let kubeconfig = format!("--kubeconfig={}", cp.kubeconfig().display());
+        let manager = spawn(
+            Command::new(&self.bins.controller_manager)
+                .arg(&kubeconfig)
+                .arg("--leader-elect=false")
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={}", free_port()?))
+                .arg(format!("--cert-dir={}", root.join("kcm-certs").display()))
+                .arg(format!("--root-ca-file={}", cp.ca_cert().display()))
+                .arg("--use-service-account-credentials=false")
+                .arg("--v=2"),
+            &root.join("kube-controller-manager.log"),
+        )?;
+        self.controllers.push(manager);
+        let scheduler = spawn(
+            Command::new(&self.bins.scheduler)
+                .arg(&kubeconfig)
+                .arg("--leader-elect=false")
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={}", free_port()?))
+                .arg(format!(
+                    "--cert-dir={}",
+                    root.join("scheduler-certs").display()
+                ))
+                .arg("--v=2"),
+            &root.join("kube-scheduler.log"),
+        )?;
+        self.controllers.push(scheduler);
+        Ok(())
+    }
+
     fn containerd_config(&self) -> String {
         let dir = self.dir.path().join("containerd");
         let d = |name: &str| dir.join(name).display().to_string();
@@ -809,7 +880,13 @@ disabled_plugins = [
     /// The end of every log of the node and its control plane.
     pub fn log_tails(&self) -> String {
         let mut out = String::new();
-        for name in ["containerd.log", "kubelet.log", "kube-proxy.log"] {
+        for name in [
+            "containerd.log",
+            "kubelet.log",
+            "kube-proxy.log",
+            "kube-controller-manager.log",
+            "kube-scheduler.log",
+        ] {
             let text = fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             out.push_str(&format!(
@@ -836,6 +913,11 @@ disabled_plugins = [
                     bail!("{name} exited ({status}) while waiting for {what}");
                 }
             }
+            for child in &mut self.controllers {
+                if let Some(status) = child.try_wait().ok().flatten() {
+                    bail!("a controller exited ({status}) while waiting for {what}");
+                }
+            }
             if ready(self)? {
                 return Ok(());
             }
@@ -856,6 +938,10 @@ disabled_plugins = [
         self.stopped = true;
         let mut problems = Vec::new();
         let root = self.dir.path().to_path_buf();
+        // The controllers first: a DaemonSet's would make its Pods again.
+        for mut child in self.controllers.drain(..) {
+            terminate(&mut child, Duration::from_secs(10));
+        }
         // The pods, as a user deletes them: kubelet stops their containers
         // and tears down their network.
         if let (Some(cp), Some(kubelet)) = (&self.cp, &mut self.kubelet)

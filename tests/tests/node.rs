@@ -8,8 +8,13 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Mutex;
+
 use fnrun_tests::image::TestImage;
-use fnrun_tests::node::{HostState, NODE_IP, NODE_NAME, Node};
+use fnrun_tests::node::{HostState, NODE_IP, NODE_NAME, Node, Options};
+
+/// One test at a time: each compares the host before and after its node.
+static ONE_NODE: Mutex<()> = Mutex::new(());
 
 #[test]
 fn a_pod_runs_to_completion_on_a_real_node_and_the_node_leaves_nothing_behind() {
@@ -17,6 +22,7 @@ fn a_pod_runs_to_completion_on_a_real_node_and_the_node_leaves_nothing_behind() 
         eprintln!("skipped: a Kubernetes node needs root");
         return;
     }
+    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
     let before = HostState::now();
     let mut node = Node::start().expect("the node starts and is Ready");
 
@@ -118,4 +124,77 @@ spec:
     assert!(problems.is_empty(), "left behind: {problems:#?}");
     let after = HostState::now();
     assert_eq!(before.diff(&after), Vec::<String>::new());
+}
+
+/// With the controller manager and the scheduler, a DaemonSet applied as a
+/// user applies one makes its Pod, which is scheduled onto the node and
+/// turns Ready; deleting the DaemonSet deletes the Pod (garbage collection).
+#[test]
+fn a_daemonsets_pod_is_scheduled_onto_the_node_and_turns_ready() {
+    if !fnrun_tests::user::is_root() {
+        eprintln!("skipped: a Kubernetes node needs root");
+        return;
+    }
+    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    let before = HostState::now();
+    let mut node =
+        Node::start_with(Options { controllers: true }).expect("the node starts and is Ready");
+    let image = TestImage::busybox()
+        .tag("daemon")
+        .cmd(["/bin/sh", "-c", "echo serving; exec sleep 3600"])
+        .build()
+        .unwrap();
+    let reference = node.import_image(&image, "fnrun.test/busybox").unwrap();
+    node.cp()
+        .apply(&format!(
+            r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: daemon, namespace: default}}
+spec:
+  selector: {{matchLabels: {{app: daemon}}}}
+  template:
+    metadata: {{labels: {{app: daemon}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: daemon
+        image: {reference}
+        imagePullPolicy: Never
+        readinessProbe:
+          exec: {{command: [/bin/true]}}
+          periodSeconds: 1
+"#
+        ))
+        .unwrap();
+    let out = node.kubectl(&["rollout", "status", "daemonset/daemon", "--timeout=120s"]);
+    assert!(out.is_ok(), "{out:?}\n{}", node.log_tails());
+    let pods = node
+        .kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=daemon",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName} {.status.phase}{\"\\n\"}{end}",
+        ])
+        .unwrap();
+    assert_eq!(pods.trim(), format!("{NODE_NAME} Running"));
+    // Its log, through the API server and kubelet.
+    let log = node.kubectl(&["logs", "daemonset/daemon"]).unwrap();
+    assert_eq!(log.trim(), "serving");
+
+    node.kubectl(&[
+        "delete",
+        "daemonset",
+        "daemon",
+        "--cascade=foreground",
+        "--timeout=60s",
+    ])
+    .unwrap();
+    let pods = node.kubectl(&["get", "pods", "-o", "name"]).unwrap();
+    assert_eq!(pods.trim(), "", "{}", node.log_tails());
+
+    let problems = node.stop();
+    assert!(problems.is_empty(), "left behind: {problems:#?}");
+    assert_eq!(before.diff(&HostState::now()), Vec::<String>::new());
 }
