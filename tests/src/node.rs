@@ -839,13 +839,19 @@ disabled_plugins = [
             .rsplit_once(':')
             .map(|(p, _)| p.to_owned())
             .context("an oci-archive reference has a path")?;
+        self.import_archive(Path::new(&tar), name, image.tag())
+    }
+
+    /// Imports the OCI archive `tar` (one image, tagged `tag` in its index)
+    /// into containerd as `name:tag`; returns that.
+    pub fn import_archive(&self, tar: &Path, name: &str, tag: &str) -> Result<String> {
         check_output(
             self.ctr()
                 .args(["images", "import", "--base-name", name])
-                .arg(&tar),
+                .arg(tar),
         )
         .with_context(|| format!("cannot import {name}"))?;
-        let reference = format!("{name}:{}", image.tag());
+        let reference = format!("{name}:{tag}");
         let listed = check_output(self.ctr().args(["images", "ls", "-q"]))?;
         if !listed.lines().any(|l| l.trim() == reference) {
             bail!("{reference} is not among containerd's images after the import:\n{listed}");

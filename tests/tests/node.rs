@@ -2,7 +2,9 @@
 //! kube-proxy, CoreDNS, the CNI bridge plugin, built from their modules)
 //! runs a Pod: a busybox image built by the tests, imported into
 //! containerd, runs to completion, its log is what it printed (including
-//! the cluster DNS's answer), and once it is deleted and the
+//! the cluster DNS's answer); with the controller manager and scheduler, a
+//! DaemonSet's Pod, and fnrun's own DaemonSet (`deploy/`) serving a
+//! v1alpha1 call through its hostPath socket. Once each is deleted and the
 //! node stopped, nothing of the node is left on the host: no process,
 //! mount, cgroup, link, iptables rule or changed sysctl.
 
@@ -196,5 +198,162 @@ spec:
 
     let problems = node.stop();
     assert!(problems.is_empty(), "left behind: {problems:#?}");
+    assert_eq!(before.diff(&HostState::now()), Vec::<String>::new());
+}
+
+/// The directories `deploy/daemonset.yaml` mounts from the host
+/// (`hostPath`, `DirectoryOrCreate`: kubelet makes them).
+const HOST_PATHS: [&str; 2] = ["/var/cache/fnrun", "/var/run/fnrun"];
+
+/// Removes those of [`HOST_PATHS`] that were not there when it was made.
+struct HostPaths(Vec<&'static str>);
+
+impl HostPaths {
+    fn new() -> HostPaths {
+        HostPaths(
+            HOST_PATHS
+                .into_iter()
+                .filter(|p| !std::path::Path::new(p).exists())
+                .collect(),
+        )
+    }
+}
+
+impl Drop for HostPaths {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
+
+/// fnrun's image as `scripts/build-image` makes it (the dev profile, as
+/// tests/tests/deploy.rs builds it), written as an OCI archive into `dir`;
+/// returns the archive.
+fn fnrun_image_archive(dir: &std::path::Path) -> std::path::PathBuf {
+    let repo = fnrun_tests::workspace_root();
+    let archive = dir.join("fnrun.tar");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo.join("target"))
+        .join("image");
+    let out = fnrun_tests::process::run_capture(
+        std::process::Command::new(repo.join("scripts/build-image"))
+            .arg(FNRUN_IMAGE)
+            .env("CARGO_TARGET_DIR", &target)
+            .env("FNRUN_BUILDAH_ROOT", dir.join("root"))
+            .env("FNRUN_BUILDAH_RUNROOT", dir.join("runroot"))
+            .env("FNRUN_IMAGE_ARCHIVE", &archive)
+            .env("BUILDAH_ISOLATION", "chroot")
+            .env("CARGO_NET_OFFLINE", "true")
+            .env("FNRUN_CARGO_PROFILE", "dev")
+            .env("CARGO_INCREMENTAL", "0")
+            .env_remove("RUSTFLAGS"),
+        None,
+        Duration::from_secs(3600),
+    );
+    assert_eq!(out.code, Some(0), "scripts/build-image: {out:?}");
+    archive
+}
+
+/// fnrun's image in containerd.
+const FNRUN_IMAGE: &str = "fnrun.test/fnrun:dev";
+
+/// `deploy/daemonset.yaml` applied as a user applies it (its namespace and
+/// ServiceAccount first), with fnrun's image as `scripts/build-image` makes
+/// it and the tests' registry (on the node's bridge, plain HTTP) named
+/// insecure: the Pod turns Ready (its gRPC probe), and a v1alpha1 call
+/// through the socket on the hostPath runs a function in its sandbox inside
+/// the Pod.
+#[test]
+fn fnruns_daemonset_runs_a_function_through_its_hostpath_socket() {
+    if !fnrun_tests::user::is_root() {
+        eprintln!("skipped: a Kubernetes node needs root");
+        return;
+    }
+    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    let build = tempfile::tempdir().unwrap();
+    let archive = fnrun_image_archive(build.path());
+    let host_paths = HostPaths::new();
+    let before = HostState::now();
+    let mut node =
+        Node::start_with(Options { controllers: true }).expect("the node starts and is Ready");
+    let (name, tag) = FNRUN_IMAGE.rsplit_once(':').unwrap();
+    let image = node.import_archive(&archive, name, tag).unwrap();
+    let registry = fnrun_tests::registry::Registry::start_on(NODE_IP).unwrap();
+    let function = TestImage::echo().push_to(&registry, "fns/echo:v1");
+
+    let deploy = fnrun_tests::workspace_root().join("deploy");
+    for file in ["namespace.yaml", "serviceaccount.yaml"] {
+        node.kubectl(&["apply", "-f", &deploy.join(file).display().to_string()])
+            .unwrap();
+    }
+    let text = std::fs::read_to_string(deploy.join("daemonset.yaml")).unwrap();
+    let mut daemonset: serde_json::Value = serde_norway::from_str(&text).unwrap();
+    let container = &mut daemonset["spec"]["template"]["spec"]["containers"][0];
+    container["image"] = image.clone().into();
+    container["args"]
+        .as_array_mut()
+        .unwrap()
+        .push(format!("--insecure-registry={}", registry.addr()).into());
+    node.cp()
+        .apply(&serde_json::to_string(&daemonset).unwrap())
+        .unwrap();
+    let out = node.kubectl(&[
+        "rollout",
+        "status",
+        "daemonset/fnrun",
+        "-n",
+        "fnrun-system",
+        "--timeout=180s",
+    ]);
+    let describe = || {
+        format!(
+            "{}\n{}\n{}",
+            node.kubectl(&["get", "pods", "-n", "fnrun-system", "-o", "yaml"])
+                .unwrap_or_default(),
+            node.kubectl(&["logs", "daemonset/fnrun", "-n", "fnrun-system"])
+                .unwrap_or_default(),
+            node.log_tails()
+        )
+    };
+    assert!(out.is_ok(), "{out:?}\n{}", describe());
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let response = runtime.block_on(async {
+        let channel =
+            fnrun_tests::client::channel_unix(std::path::Path::new("/var/run/fnrun/fn.sock"))
+                .await
+                .expect("the hostPath socket answers");
+        let mut client = fnrun_tests::client::Client::new(channel);
+        fnrun_tests::client::run_function(
+            &mut client,
+            fnrun_tests::client::Run::new(&function, fnrun_tests::functionio::SAMPLE).build(),
+        )
+        .await
+    });
+    let response = response.unwrap_or_else(|e| panic!("{e:?}\n{}", describe()));
+    // The echo function's output is its input.
+    fnrun_tests::functionio::assert_same_yaml(
+        &String::from_utf8_lossy(&response.output),
+        fnrun_tests::functionio::SAMPLE,
+    );
+
+    node.kubectl(&[
+        "delete",
+        "daemonset",
+        "fnrun",
+        "-n",
+        "fnrun-system",
+        "--cascade=foreground",
+        "--timeout=90s",
+    ])
+    .unwrap();
+    let problems = node.stop();
+    assert!(problems.is_empty(), "left behind: {problems:#?}");
+    drop(host_paths);
     assert_eq!(before.diff(&HostState::now()), Vec::<String>::new());
 }
