@@ -267,6 +267,51 @@ const FNRUN_IMAGE: &str = "fnrun.test/fnrun:dev";
 /// the Pod.
 #[test]
 fn fnruns_daemonset_runs_a_function_through_its_hostpath_socket() {
+    fnrun_daemonset_serves("daemonset.yaml", "fnrun", |_, _| {});
+}
+
+/// The rootless variant, `deploy/rootless/daemonset.yaml`, installed as
+/// docs/deployment.md says: its Localhost seccomp profile in kubelet's
+/// `seccomp/fnrun/fnrun.json`, its `chown` init container's busybox
+/// imported too. A Pod in its own user namespace (`hostUsers: false`), as
+/// uid 65532 without a capability, its /proc unmasked: it turns Ready and
+/// runs the function.
+#[test]
+fn fnruns_rootless_daemonset_runs_a_function_through_its_hostpath_socket() {
+    fnrun_daemonset_serves(
+        "rootless/daemonset.yaml",
+        "fnrun-rootless",
+        |node, daemonset| {
+            let profile = node.dir().join("kubelet/seccomp/fnrun/fnrun.json");
+            std::fs::create_dir_all(profile.parent().unwrap()).unwrap();
+            std::fs::copy(
+                fnrun_tests::workspace_root().join("deploy/seccomp/fnrun.json"),
+                &profile,
+            )
+            .unwrap();
+            let busybox = TestImage::busybox()
+                .tag("init")
+                .symlink("/bin/chown", "busybox")
+                .build()
+                .unwrap();
+            let reference = node.import_image(&busybox, "fnrun.test/busybox").unwrap();
+            daemonset["spec"]["template"]["spec"]["initContainers"][0]["image"] = reference.into();
+        },
+    );
+}
+
+/// `deploy/MANIFEST` (the DaemonSet `name`) applied as a user applies it
+/// (its namespace and ServiceAccount first), after `prepare` (which may
+/// install what its docs say and adjust it), with fnrun's image as
+/// `scripts/build-image` makes it and the tests' registry (on the node's
+/// bridge, plain HTTP) named insecure: the Pod turns Ready (its gRPC probe),
+/// and a v1alpha1 call through the socket on the hostPath runs a function in
+/// its sandbox inside the Pod.
+fn fnrun_daemonset_serves(
+    manifest: &str,
+    name: &str,
+    prepare: impl Fn(&Node, &mut serde_json::Value),
+) {
     if !fnrun_tests::user::is_root() {
         eprintln!("skipped: a Kubernetes node needs root");
         return;
@@ -278,8 +323,8 @@ fn fnruns_daemonset_runs_a_function_through_its_hostpath_socket() {
     let before = HostState::now();
     let mut node =
         Node::start_with(Options { controllers: true }).expect("the node starts and is Ready");
-    let (name, tag) = FNRUN_IMAGE.rsplit_once(':').unwrap();
-    let image = node.import_archive(&archive, name, tag).unwrap();
+    let (image_name, tag) = FNRUN_IMAGE.rsplit_once(':').unwrap();
+    let image = node.import_archive(&archive, image_name, tag).unwrap();
     let registry = fnrun_tests::registry::Registry::start_on(NODE_IP).unwrap();
     let function = TestImage::echo().push_to(&registry, "fns/echo:v1");
 
@@ -288,8 +333,9 @@ fn fnruns_daemonset_runs_a_function_through_its_hostpath_socket() {
         node.kubectl(&["apply", "-f", &deploy.join(file).display().to_string()])
             .unwrap();
     }
-    let text = std::fs::read_to_string(deploy.join("daemonset.yaml")).unwrap();
+    let text = std::fs::read_to_string(deploy.join(manifest)).unwrap();
     let mut daemonset: serde_json::Value = serde_norway::from_str(&text).unwrap();
+    prepare(&node, &mut daemonset);
     let container = &mut daemonset["spec"]["template"]["spec"]["containers"][0];
     container["image"] = image.clone().into();
     container["args"]
@@ -299,10 +345,11 @@ fn fnruns_daemonset_runs_a_function_through_its_hostpath_socket() {
     node.cp()
         .apply(&serde_json::to_string(&daemonset).unwrap())
         .unwrap();
+    let daemonset = format!("daemonset/{name}");
     let out = node.kubectl(&[
         "rollout",
         "status",
-        "daemonset/fnrun",
+        &daemonset,
         "-n",
         "fnrun-system",
         "--timeout=180s",
@@ -312,7 +359,7 @@ fn fnruns_daemonset_runs_a_function_through_its_hostpath_socket() {
             "{}\n{}\n{}",
             node.kubectl(&["get", "pods", "-n", "fnrun-system", "-o", "yaml"])
                 .unwrap_or_default(),
-            node.kubectl(&["logs", "daemonset/fnrun", "-n", "fnrun-system"])
+            node.kubectl(&["logs", &daemonset, "-n", "fnrun-system", "--all-containers"])
                 .unwrap_or_default(),
             node.log_tails()
         )
@@ -344,8 +391,7 @@ fn fnruns_daemonset_runs_a_function_through_its_hostpath_socket() {
 
     node.kubectl(&[
         "delete",
-        "daemonset",
-        "fnrun",
+        &daemonset,
         "-n",
         "fnrun-system",
         "--cascade=foreground",
