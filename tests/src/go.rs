@@ -184,6 +184,29 @@ impl Toolchain {
         name: &str,
         ldflags: &str,
     ) -> Result<PathBuf> {
+        self.build_upstream_full(module, package, name, ldflags, None)
+    }
+
+    /// [`Toolchain::build_upstream`] with cgo on and the build tags `tags`
+    /// (runc: its C `nsenter` and libseccomp), part of the build's key.
+    pub fn build_upstream_cgo(
+        &self,
+        module: &str,
+        package: &str,
+        name: &str,
+        tags: &str,
+    ) -> Result<PathBuf> {
+        self.build_upstream_full(module, package, name, "", Some(tags))
+    }
+
+    fn build_upstream_full(
+        &self,
+        module: &str,
+        package: &str,
+        name: &str,
+        ldflags: &str,
+        cgo_tags: Option<&str>,
+    ) -> Result<PathBuf> {
         let dir = crate::workspace_root()
             .join("tests/go/upstream")
             .join(module);
@@ -196,19 +219,21 @@ impl Toolchain {
         if !ldflags.is_empty() {
             key.part("ldflags", ldflags);
         }
+        if let Some(tags) = cgo_tags {
+            key.part("cgo-tags", tags);
+        }
         let entry = tool_cache::dir()
             .join("go")
             .join(format!("{name}-{}", key.short()));
         let entry = tool_cache::entry(&entry, |work| {
             let src = work.join("src");
             copy_module(&dir, &src)?;
-            check_output(
-                self.go_build(&src, ldflags)
-                    .arg("-o")
-                    .arg(work.join(name))
-                    .arg(package),
-            )
-            .with_context(|| format!("cannot build {package} in tests/go/upstream/{module}"))?;
+            let mut build = self.go_build(&src, ldflags);
+            if let Some(tags) = cgo_tags {
+                build.env("CGO_ENABLED", "1").arg(format!("-tags={tags}"));
+            }
+            check_output(build.arg("-o").arg(work.join(name)).arg(package))
+                .with_context(|| format!("cannot build {package} in tests/go/upstream/{module}"))?;
             std::fs::remove_dir_all(&src)?;
             Ok(())
         })?;

@@ -162,6 +162,9 @@ impl ControlPlane {
                 ))
                 .arg("--service-cluster-ip-range=10.96.0.0/16")
                 .arg("--allow-privileged=true")
+                // Kubelets (tests/src/node.rs) by their address: their
+                // names are in no DNS.
+                .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
                 .arg("--v=1"),
             &path("apiserver.log"),
         )?;

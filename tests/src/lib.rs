@@ -26,6 +26,9 @@
 //!   [`prebuild`] builds all of it ahead of the tests (`fnrun-prebuild`).
 //! - [`kube`]: a Kubernetes control plane (etcd and kube-apiserver built from
 //!   their modules, RBAC, a service-account token issuer) and `kubectl`.
+//! - [`node`]: a real Kubernetes node on that control plane (containerd,
+//!   runc, kubelet, kube-proxy, CoreDNS, CNI; kube-controller-manager and
+//!   kube-scheduler on demand), cleaned up to the last sysctl when stopped.
 //! - [`crossplane`]: Crossplane v1 Function packages (servers on grpc-go and
 //!   function-sdk-go, one written with the real Python SDK) as images and host processes, a
 //!   grpc-go client that calls like Crossplane, sample requests;
@@ -55,6 +58,7 @@ pub mod image;
 pub mod java;
 pub mod krm;
 pub mod kube;
+pub mod node;
 pub mod prebuild;
 pub mod process;
 pub mod python;

@@ -39,7 +39,7 @@ pub struct Built {
 
 /// The large Go builds, in the order the tests first need them
 /// (`crossplane_controller`, `crossplane_kubernetes`, `crossplane_render`,
-/// `kube_control_plane`).
+/// `kube_control_plane`, `node`).
 pub fn large() -> Vec<Item> {
     vec![
         Item {
@@ -65,6 +65,10 @@ pub fn large() -> Vec<Item> {
         Item {
             name: "crossplane CLI",
             build: || crossplane::render::crossplane_cli().map(drop),
+        },
+        Item {
+            name: "kubernetes node (runc, containerd, kubelet, kube-proxy, pause, CoreDNS)",
+            build: || crate::node::Binaries::build().map(drop),
         },
     ]
 }

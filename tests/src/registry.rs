@@ -29,16 +29,22 @@ pub struct Registry {
 impl Registry {
     /// Starts a registry without authentication.
     pub fn start() -> Result<Registry> {
-        Self::start_inner(None)
+        Self::start_inner(None, "127.0.0.1")
+    }
+
+    /// Starts a registry without authentication on `ip` (an address of the
+    /// host that its clients reach, such as a test node's bridge).
+    pub fn start_on(ip: &str) -> Result<Registry> {
+        Self::start_inner(None, ip)
     }
 
     /// Starts a registry that requires HTTP basic auth with these credentials
     /// (htpasswd with a bcrypt hash, the only kind the registry accepts).
     pub fn start_with_htpasswd(user: &str, password: &str) -> Result<Registry> {
-        Self::start_inner(Some((user.to_owned(), password.to_owned())))
+        Self::start_inner(Some((user.to_owned(), password.to_owned())), "127.0.0.1")
     }
 
-    fn start_inner(credentials: Option<(String, String)>) -> Result<Registry> {
+    fn start_inner(credentials: Option<(String, String)>, ip: &str) -> Result<Registry> {
         let dir = tempfile::Builder::new()
             .prefix("fnrun-registry-")
             .tempdir()
@@ -61,7 +67,7 @@ impl Registry {
         let mut last_error = None;
         for _ in 0..5 {
             let port = free_port()?;
-            let addr = format!("127.0.0.1:{port}");
+            let addr = format!("{ip}:{port}");
             let config = dir.path().join("config.yml");
             fs::write(
                 &config,
@@ -105,7 +111,7 @@ impl Registry {
         Err(last_error.unwrap_or_else(|| anyhow::anyhow!("the registry did not start")))
     }
 
-    /// `127.0.0.1:PORT`
+    /// `127.0.0.1:PORT` (or the address it was started on)
     pub fn addr(&self) -> &str {
         &self.addr
     }

@@ -1,0 +1,405 @@
+//! A real Kubernetes node (`fnrun_tests::node`: containerd, runc, kubelet,
+//! kube-proxy, CoreDNS, the CNI bridge plugin, built from their modules)
+//! runs a Pod: a busybox image built by the tests, imported into
+//! containerd, runs to completion, its log is what it printed (including
+//! the cluster DNS's answer); with the controller manager and scheduler, a
+//! DaemonSet's Pod, and fnrun's own DaemonSet (`deploy/`) serving a
+//! v1alpha1 call through its hostPath socket. Once each is deleted and the
+//! node stopped, nothing of the node is left on the host: no process,
+//! mount, cgroup, link, iptables rule or changed sysctl.
+
+use std::time::{Duration, Instant};
+
+use std::sync::Mutex;
+
+use fnrun_tests::image::TestImage;
+use fnrun_tests::node::{HostState, NODE_IP, NODE_NAME, Node, Options};
+
+/// One test at a time: each compares the host before and after its node.
+static ONE_NODE: Mutex<()> = Mutex::new(());
+
+#[test]
+fn a_pod_runs_to_completion_on_a_real_node_and_the_node_leaves_nothing_behind() {
+    if !fnrun_tests::user::is_root() {
+        eprintln!("skipped: a Kubernetes node needs root");
+        return;
+    }
+    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    let before = HostState::now();
+    let mut node = Node::start().expect("the node starts and is Ready");
+
+    // The node is what it says: registered with its address, and it made
+    // what the check after the stop looks for (so that check can fail).
+    let addresses = node
+        .kubectl(&[
+            "get",
+            "node",
+            NODE_NAME,
+            "-o",
+            "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+        ])
+        .unwrap();
+    assert_eq!(addresses.trim(), NODE_IP);
+
+    let image = TestImage::busybox()
+        .tag("node")
+        .cmd([
+            "/bin/sh",
+            "-c",
+            "echo hello from the node; grep -c fnrun-node /proc/self/cgroup; \
+             nslookup kubernetes.default.svc.cluster.local",
+        ])
+        .build()
+        .unwrap();
+    let reference = node.import_image(&image, "fnrun.test/busybox").unwrap();
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: hello, namespace: default}}
+spec:
+  nodeName: {NODE_NAME}
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  containers:
+  - name: hello
+    image: {reference}
+    imagePullPolicy: Never
+"#
+    );
+    node.cp().apply(&pod).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let phase = loop {
+        let phase = node
+            .kubectl(&["get", "pod", "hello", "-o", "jsonpath={.status.phase}"])
+            .unwrap();
+        if phase == "Succeeded" || phase == "Failed" || Instant::now() > deadline {
+            break phase;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let describe = || {
+        format!(
+            "{}\n{}",
+            node.kubectl(&["get", "pod", "hello", "-o", "yaml"])
+                .unwrap_or_default(),
+            node.log_tails()
+        )
+    };
+    assert_eq!(phase, "Succeeded", "{}", describe());
+    // The log, through the API server and kubelet, as a user reads it.
+    let log = node.kubectl(&["logs", "hello"]).unwrap();
+    let mut lines = log.lines();
+    assert_eq!(lines.next(), Some("hello from the node"), "{log}");
+    // Its cgroups are under the node's.
+    assert_ne!(lines.next(), Some("0"), "{log}");
+    // The cluster's DNS (CoreDNS behind the Service kube-dns, through
+    // kube-proxy's rules) answers with the API server's Service address.
+    assert!(
+        log.contains("Address: 10.96.0.1\n") || log.contains("Address: 10.96.0.1 "),
+        "{log}"
+    );
+    // A pod's IP from the node's network.
+    let ip = node
+        .kubectl(&["get", "pod", "hello", "-o", "jsonpath={.status.podIP}"])
+        .unwrap();
+    assert!(ip.starts_with("10.244.0."), "{ip}: {}", describe());
+
+    let during = HostState::now();
+    let made = before.diff(&during);
+    for what in ["link new", "iptables new", "cgroup new", "process new"] {
+        assert!(
+            made.iter().any(|d| d.starts_with(what)),
+            "the node made no {what}: {made:#?}"
+        );
+    }
+    assert!(
+        made.iter().any(|d| d.starts_with("sysctl")),
+        "kubelet and the bridge plugin set no sysctl: {made:#?}"
+    );
+
+    node.kubectl(&["delete", "pod", "hello", "--timeout=60s"])
+        .unwrap();
+    let gone = node.kubectl(&["get", "pods", "-o", "name"]).unwrap();
+    assert_eq!(gone.trim(), "", "{}", describe());
+
+    let problems = node.stop();
+    assert!(problems.is_empty(), "left behind: {problems:#?}");
+    let after = HostState::now();
+    assert_eq!(before.diff(&after), Vec::<String>::new());
+}
+
+/// With the controller manager and the scheduler, a DaemonSet applied as a
+/// user applies one makes its Pod, which is scheduled onto the node and
+/// turns Ready; deleting the DaemonSet deletes the Pod (garbage collection).
+#[test]
+fn a_daemonsets_pod_is_scheduled_onto_the_node_and_turns_ready() {
+    if !fnrun_tests::user::is_root() {
+        eprintln!("skipped: a Kubernetes node needs root");
+        return;
+    }
+    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    let before = HostState::now();
+    let mut node =
+        Node::start_with(Options { controllers: true }).expect("the node starts and is Ready");
+    let image = TestImage::busybox()
+        .tag("daemon")
+        .cmd(["/bin/sh", "-c", "echo serving; exec sleep 3600"])
+        .build()
+        .unwrap();
+    let reference = node.import_image(&image, "fnrun.test/busybox").unwrap();
+    node.cp()
+        .apply(&format!(
+            r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: daemon, namespace: default}}
+spec:
+  selector: {{matchLabels: {{app: daemon}}}}
+  template:
+    metadata: {{labels: {{app: daemon}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: daemon
+        image: {reference}
+        imagePullPolicy: Never
+        readinessProbe:
+          exec: {{command: [/bin/true]}}
+          periodSeconds: 1
+"#
+        ))
+        .unwrap();
+    let out = node.kubectl(&["rollout", "status", "daemonset/daemon", "--timeout=120s"]);
+    assert!(out.is_ok(), "{out:?}\n{}", node.log_tails());
+    let pods = node
+        .kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=daemon",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.nodeName} {.status.phase}{\"\\n\"}{end}",
+        ])
+        .unwrap();
+    assert_eq!(pods.trim(), format!("{NODE_NAME} Running"));
+    // Its log, through the API server and kubelet.
+    let log = node.kubectl(&["logs", "daemonset/daemon"]).unwrap();
+    assert_eq!(log.trim(), "serving");
+
+    node.kubectl(&[
+        "delete",
+        "daemonset",
+        "daemon",
+        "--cascade=foreground",
+        "--timeout=60s",
+    ])
+    .unwrap();
+    let pods = node.kubectl(&["get", "pods", "-o", "name"]).unwrap();
+    assert_eq!(pods.trim(), "", "{}", node.log_tails());
+
+    let problems = node.stop();
+    assert!(problems.is_empty(), "left behind: {problems:#?}");
+    assert_eq!(before.diff(&HostState::now()), Vec::<String>::new());
+}
+
+/// The directories `deploy/daemonset.yaml` mounts from the host
+/// (`hostPath`, `DirectoryOrCreate`: kubelet makes them).
+const HOST_PATHS: [&str; 2] = ["/var/cache/fnrun", "/var/run/fnrun"];
+
+/// Removes those of [`HOST_PATHS`] that were not there when it was made.
+struct HostPaths(Vec<&'static str>);
+
+impl HostPaths {
+    fn new() -> HostPaths {
+        HostPaths(
+            HOST_PATHS
+                .into_iter()
+                .filter(|p| !std::path::Path::new(p).exists())
+                .collect(),
+        )
+    }
+}
+
+impl Drop for HostPaths {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
+
+/// fnrun's image as `scripts/build-image` makes it (the dev profile, as
+/// tests/tests/deploy.rs builds it), written as an OCI archive into `dir`;
+/// returns the archive.
+fn fnrun_image_archive(dir: &std::path::Path) -> std::path::PathBuf {
+    let repo = fnrun_tests::workspace_root();
+    let archive = dir.join("fnrun.tar");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo.join("target"))
+        .join("image");
+    let out = fnrun_tests::process::run_capture(
+        std::process::Command::new(repo.join("scripts/build-image"))
+            .arg(FNRUN_IMAGE)
+            .env("CARGO_TARGET_DIR", &target)
+            .env("FNRUN_BUILDAH_ROOT", dir.join("root"))
+            .env("FNRUN_BUILDAH_RUNROOT", dir.join("runroot"))
+            .env("FNRUN_IMAGE_ARCHIVE", &archive)
+            .env("BUILDAH_ISOLATION", "chroot")
+            .env("CARGO_NET_OFFLINE", "true")
+            .env("FNRUN_CARGO_PROFILE", "dev")
+            .env("CARGO_INCREMENTAL", "0")
+            .env_remove("RUSTFLAGS"),
+        None,
+        Duration::from_secs(3600),
+    );
+    assert_eq!(out.code, Some(0), "scripts/build-image: {out:?}");
+    archive
+}
+
+/// fnrun's image in containerd.
+const FNRUN_IMAGE: &str = "fnrun.test/fnrun:dev";
+
+/// `deploy/daemonset.yaml` applied as a user applies it (its namespace and
+/// ServiceAccount first), with fnrun's image as `scripts/build-image` makes
+/// it and the tests' registry (on the node's bridge, plain HTTP) named
+/// insecure: the Pod turns Ready (its gRPC probe), and a v1alpha1 call
+/// through the socket on the hostPath runs a function in its sandbox inside
+/// the Pod.
+#[test]
+fn fnruns_daemonset_runs_a_function_through_its_hostpath_socket() {
+    fnrun_daemonset_serves("daemonset.yaml", "fnrun", |_, _| {});
+}
+
+/// The rootless variant, `deploy/rootless/daemonset.yaml`, installed as
+/// docs/deployment.md says: its Localhost seccomp profile in kubelet's
+/// `seccomp/fnrun/fnrun.json`, its `chown` init container's busybox
+/// imported too. A Pod in its own user namespace (`hostUsers: false`), as
+/// uid 65532 without a capability, its /proc unmasked: it turns Ready and
+/// runs the function.
+#[test]
+fn fnruns_rootless_daemonset_runs_a_function_through_its_hostpath_socket() {
+    fnrun_daemonset_serves(
+        "rootless/daemonset.yaml",
+        "fnrun-rootless",
+        |node, daemonset| {
+            let profile = node.dir().join("kubelet/seccomp/fnrun/fnrun.json");
+            std::fs::create_dir_all(profile.parent().unwrap()).unwrap();
+            std::fs::copy(
+                fnrun_tests::workspace_root().join("deploy/seccomp/fnrun.json"),
+                &profile,
+            )
+            .unwrap();
+            let busybox = TestImage::busybox()
+                .tag("init")
+                .symlink("/bin/chown", "busybox")
+                .build()
+                .unwrap();
+            let reference = node.import_image(&busybox, "fnrun.test/busybox").unwrap();
+            daemonset["spec"]["template"]["spec"]["initContainers"][0]["image"] = reference.into();
+        },
+    );
+}
+
+/// `deploy/MANIFEST` (the DaemonSet `name`) applied as a user applies it
+/// (its namespace and ServiceAccount first), after `prepare` (which may
+/// install what its docs say and adjust it), with fnrun's image as
+/// `scripts/build-image` makes it and the tests' registry (on the node's
+/// bridge, plain HTTP) named insecure: the Pod turns Ready (its gRPC probe),
+/// and a v1alpha1 call through the socket on the hostPath runs a function in
+/// its sandbox inside the Pod.
+fn fnrun_daemonset_serves(
+    manifest: &str,
+    name: &str,
+    prepare: impl Fn(&Node, &mut serde_json::Value),
+) {
+    if !fnrun_tests::user::is_root() {
+        eprintln!("skipped: a Kubernetes node needs root");
+        return;
+    }
+    let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
+    let build = tempfile::tempdir().unwrap();
+    let archive = fnrun_image_archive(build.path());
+    let host_paths = HostPaths::new();
+    let before = HostState::now();
+    let mut node =
+        Node::start_with(Options { controllers: true }).expect("the node starts and is Ready");
+    let (image_name, tag) = FNRUN_IMAGE.rsplit_once(':').unwrap();
+    let image = node.import_archive(&archive, image_name, tag).unwrap();
+    let registry = fnrun_tests::registry::Registry::start_on(NODE_IP).unwrap();
+    let function = TestImage::echo().push_to(&registry, "fns/echo:v1");
+
+    let deploy = fnrun_tests::workspace_root().join("deploy");
+    for file in ["namespace.yaml", "serviceaccount.yaml"] {
+        node.kubectl(&["apply", "-f", &deploy.join(file).display().to_string()])
+            .unwrap();
+    }
+    let text = std::fs::read_to_string(deploy.join(manifest)).unwrap();
+    let mut daemonset: serde_json::Value = serde_norway::from_str(&text).unwrap();
+    prepare(&node, &mut daemonset);
+    let container = &mut daemonset["spec"]["template"]["spec"]["containers"][0];
+    container["image"] = image.clone().into();
+    container["args"]
+        .as_array_mut()
+        .unwrap()
+        .push(format!("--insecure-registry={}", registry.addr()).into());
+    node.cp()
+        .apply(&serde_json::to_string(&daemonset).unwrap())
+        .unwrap();
+    let daemonset = format!("daemonset/{name}");
+    let out = node.kubectl(&[
+        "rollout",
+        "status",
+        &daemonset,
+        "-n",
+        "fnrun-system",
+        "--timeout=180s",
+    ]);
+    let describe = || {
+        format!(
+            "{}\n{}\n{}",
+            node.kubectl(&["get", "pods", "-n", "fnrun-system", "-o", "yaml"])
+                .unwrap_or_default(),
+            node.kubectl(&["logs", &daemonset, "-n", "fnrun-system", "--all-containers"])
+                .unwrap_or_default(),
+            node.log_tails()
+        )
+    };
+    assert!(out.is_ok(), "{out:?}\n{}", describe());
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let response = runtime.block_on(async {
+        let channel =
+            fnrun_tests::client::channel_unix(std::path::Path::new("/var/run/fnrun/fn.sock"))
+                .await
+                .expect("the hostPath socket answers");
+        let mut client = fnrun_tests::client::Client::new(channel);
+        fnrun_tests::client::run_function(
+            &mut client,
+            fnrun_tests::client::Run::new(&function, fnrun_tests::functionio::SAMPLE).build(),
+        )
+        .await
+    });
+    let response = response.unwrap_or_else(|e| panic!("{e:?}\n{}", describe()));
+    // The echo function's output is its input.
+    fnrun_tests::functionio::assert_same_yaml(
+        &String::from_utf8_lossy(&response.output),
+        fnrun_tests::functionio::SAMPLE,
+    );
+
+    node.kubectl(&[
+        "delete",
+        &daemonset,
+        "-n",
+        "fnrun-system",
+        "--cascade=foreground",
+        "--timeout=90s",
+    ])
+    .unwrap();
+    let problems = node.stop();
+    assert!(problems.is_empty(), "left behind: {problems:#?}");
+    drop(host_paths);
+    assert_eq!(before.diff(&HostState::now()), Vec::<String>::new());
+}
