@@ -525,6 +525,7 @@ impl Function {
                                 "function server stopped, but not yet cleaned up after {STOP_GRACE:?}"
                             ),
                         }
+                        self.ctx.trim_memory_soon();
                         if let Some(kind) = next {
                             self.clone().make_spare(kind).await;
                         }

@@ -92,6 +92,7 @@ impl Host {
                 runner,
                 metrics,
                 next_id: AtomicU64::new(0),
+                trim_pending: AtomicBool::new(false),
             }),
             routing,
             functions: RwLock::new(Arc::new(BTreeMap::new())),

@@ -161,7 +161,7 @@ const PACKAGE_YAML_MAX: u64 = 1 << 20;
 ///
 /// The layers are the image's, so `package.yaml` is hostile input: it is
 /// opened without following a symlink, read only if it is a regular file,
-/// and at most [`PACKAGE_YAML_MAX`] bytes of it, within the YAML bounds.
+/// and at most 1 MiB of it, within the YAML bounds.
 pub fn function_package(layers: &[PathBuf]) -> Option<String> {
     let text = layers.iter().rev().find_map(|l| read_package_yaml(l))?;
     fnrun_api::yaml_bounds::check_stream(&text).ok()?;
