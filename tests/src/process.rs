@@ -180,3 +180,37 @@ pub fn spawners_of(daemon_pid: u32) -> Vec<u32> {
         .filter(|&pid| is_spawner(pid, daemon_pid))
         .collect()
 }
+
+/// `pid` and every process below it, from `/proc/*/stat`.
+pub fn tree(pid: u32) -> Vec<u32> {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![pid];
+    };
+    for entry in entries.flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+        else {
+            continue;
+        };
+        children.entry(ppid).or_default().push(p);
+    }
+    let (mut out, mut todo) = (Vec::new(), vec![pid]);
+    while let Some(p) = todo.pop() {
+        out.push(p);
+        todo.extend(children.get(&p).into_iter().flatten());
+    }
+    out
+}

@@ -139,37 +139,6 @@ fn stats(values: &[f64]) -> Value {
     })
 }
 
-/// `pid` and every process below it.
-fn tree(pid: u32) -> Vec<u32> {
-    let mut children: std::collections::HashMap<u32, Vec<u32>> = Default::default();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(p) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-        else {
-            continue;
-        };
-        children.entry(ppid).or_default().push(p);
-    }
-    let (mut out, mut todo) = (Vec::new(), vec![pid]);
-    while let Some(p) = todo.pop() {
-        out.push(p);
-        todo.extend(children.get(&p).into_iter().flatten());
-    }
-    out
-}
-
 /// RSS and PSS (KiB) summed over `pids`, from `/proc/PID/smaps_rollup`.
 fn memory(pids: &[u32]) -> Value {
     let (mut rss, mut pss) = (0u64, 0u64);
@@ -482,7 +451,7 @@ fn kubernetes_mode_benchmarks() {
     );
     let function_processes = |pid: u32| {
         let spawners = spawners_of(pid);
-        tree(pid)
+        fnrun_tests::process::tree(pid)
             .into_iter()
             .filter(|p| *p != pid && !spawners.contains(p))
             .count()
@@ -500,7 +469,7 @@ fn kubernetes_mode_benchmarks() {
     for _ in 0..3 {
         std::thread::sleep(Duration::from_secs(1));
         assert_eq!(function_processes(pid), 0, "an instance started");
-        samples.push(memory(&tree(pid)));
+        samples.push(memory(&fnrun_tests::process::tree(pid)));
     }
     let fnrun_idle = samples.last().unwrap().clone();
     assert!(fnrun.stop().is_some_and(|s| s.success()), "{}", fnrun.log());
@@ -534,7 +503,11 @@ fn kubernetes_mode_benchmarks() {
         );
     }
     std::thread::sleep(Duration::from_secs(3));
-    let pids: Vec<u32> = direct.0.iter().flat_map(|c| tree(c.id())).collect();
+    let pids: Vec<u32> = direct
+        .0
+        .iter()
+        .flat_map(|c| fnrun_tests::process::tree(c.id()))
+        .collect();
     let direct_mem = memory(&pids);
     drop(direct);
     load.push(json!({ "at": "end", "loadavg": loadavg() }));
