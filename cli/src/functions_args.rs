@@ -106,7 +106,10 @@ impl FunctionsArgs {
     }
 
     /// Kubernetes mode's settings, if it is on.
-    pub fn kubernetes(&self) -> anyhow::Result<Option<(ExternalConfig, fnrun_controller::Config)>> {
+    pub fn kubernetes(
+        &self,
+        limits: fnrun_controller::LimitPolicy,
+    ) -> anyhow::Result<Option<(ExternalConfig, fnrun_controller::Config)>> {
         if !self.functions_kubernetes {
             return Ok(None);
         }
@@ -133,6 +136,7 @@ impl FunctionsArgs {
             idle_timeout: (!self.functions_idle_timeout.is_zero())
                 .then_some(self.functions_idle_timeout),
             start_timeout: self.functions_start_timeout,
+            limits,
         };
         Ok(Some((listener, controller)))
     }

@@ -34,4 +34,38 @@ pub struct Config {
     /// How long the start may take to read every object it watches; past
     /// it, [`crate::run`] fails, naming what it could not read and why.
     pub start_timeout: std::time::Duration,
+    /// Which limits this host can enforce, and what becomes of a Function
+    /// whose runtime config asks for one it cannot.
+    pub limits: LimitPolicy,
+}
+
+/// The limits this host can enforce (the runner's), and what to do with a
+/// Function whose DeploymentRuntimeConfig asks for one it cannot: by
+/// default it is not served, and its revision's `RuntimeHealthy` says why
+/// (reason [`crate::status::REASON_UNENFORCEABLE`]); with
+/// `--best-effort-limits` it is served without that limit, and its
+/// condition, True, says so.
+#[derive(Debug, Clone)]
+pub struct LimitPolicy {
+    pub support: fnrun_sandbox::LimitSupport,
+    pub best_effort: bool,
+}
+
+impl LimitPolicy {
+    /// What `requested` asks that this host cannot enforce, as a sentence;
+    /// `None` when it can enforce all of it.
+    pub fn unenforceable(&self, requested: &fnrun_sandbox::Limits) -> Option<String> {
+        let missing = self.support.unenforceable(requested);
+        if missing.is_empty() {
+            return None;
+        }
+        let what: Vec<String> = missing
+            .iter()
+            .map(|(what, why)| format!("{what} ({why})"))
+            .collect();
+        Some(format!(
+            "its DeploymentRuntimeConfig sets limits this fnrun cannot enforce: {}",
+            what.join("; ")
+        ))
+    }
 }

@@ -43,5 +43,7 @@ mod trial;
 mod watch;
 mod writes;
 
-pub use config::{Config, DEFAULT_CA_SECRET, DEFAULT_LEASE, FIELD_MANAGER, SERVICE_PORT};
+pub use config::{
+    Config, DEFAULT_CA_SECRET, DEFAULT_LEASE, FIELD_MANAGER, LimitPolicy, SERVICE_PORT,
+};
 pub use reconcile::run;

@@ -36,7 +36,7 @@ use crate::desired::{self, RuntimeSettings};
 use crate::resources::{
     DeploymentRuntimeConfig, Function, FunctionRevision, ImageConfig, PACKAGE_LABEL,
 };
-use crate::status::{CannotServe, Health, MANAGED_BY};
+use crate::status::{CannotServe, Health, MANAGED_BY, REASON_UNENFORCEABLE};
 use crate::trial::{Trials, backoff};
 use crate::watch::{NOT_READY_MAX, applied, touched, wait_until_read, watch};
 use crate::writes::Writer;
@@ -379,6 +379,8 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
         .filter(|r| r.labels().get(PACKAGE_LABEL) == Some(&name))
         .collect();
     let active = revisions.iter().find(|r| r.is_active()).cloned();
+    // What it is served without, as the operator chose.
+    let mut without = None;
     let problem = match &active {
         // No active revision: Crossplane is between two (an upgrade
         // deactivates the old one first) or waits for a manual activation,
@@ -387,6 +389,9 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
         None => None,
         Some(rev) => match ctx.build(&function, rev).await {
             Ok(def) => {
+                without = ctx.config.limits.unenforceable(&def.limits).map(|why| {
+                    format!("served without the limits it asks for (--best-effort-limits): {why}")
+                });
                 ctx.serve(&function, def).await;
                 None
             }
@@ -426,10 +431,14 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
         ctx.start_trial(&name, failures);
     }
     let health = problem
-        .as_ref()
-        .map(|why| Health::Unhealthy(why.message.clone()))
+        .clone()
+        .map(Health::Refused)
         .or(ca_problem.map(Health::Unhealthy))
-        .or_else(|| ctx.trials.health(&name));
+        .or_else(|| ctx.trials.health(&name))
+        .map(|health| match (health, without) {
+            (Health::Healthy, Some(what)) => Health::HealthyWithout(what),
+            (health, _) => health,
+        });
     let health = if ctx.writer.leads() {
         let blocked = ctx.writer.write_service(&function).await?;
         let health = match blocked {
@@ -451,7 +460,7 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
     }
     Ok(match health {
         Some(Health::Starting) => Action::requeue(Duration::from_secs(15)),
-        Some(Health::Unhealthy(_)) => Action::requeue(Duration::from_secs(10)),
+        Some(Health::Unhealthy(_) | Health::Refused(_)) => Action::requeue(Duration::from_secs(10)),
         Some(Health::NoService(_)) => Action::requeue(Duration::from_secs(30)),
         _ => Action::requeue(Duration::from_secs(600)),
     })
@@ -624,6 +633,18 @@ impl Ctx {
             desired::function_def(&name, &rev.name_any(), rev.image(), &settings, pull_secrets)
                 .map_err(|e| CannotServe::new(e.to_string()))?;
         def.idle_timeout = self.config.idle_timeout;
+        if let Some(why) = self.config.limits.unenforceable(&def.limits)
+            && !self.config.limits.best_effort
+        {
+            return Err(CannotServe {
+                reason: REASON_UNENFORCEABLE,
+                message: format!(
+                    "{why}: fnrun does not serve it (fnrun's --best-effort-limits serves it \
+                     without them; docs/security.md says how a pod can get a cgroup of its own)"
+                ),
+            }
+            .into());
+        }
         Ok(def)
     }
 

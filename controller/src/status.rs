@@ -19,6 +19,9 @@ pub const RUNTIME_HEALTHY: &str = "RuntimeHealthy";
 pub const RUNTIME_ACTIVE: &str = "RuntimeActive";
 const REASON_HEALTHY: &str = "HealthyPackageRevision";
 const REASON_UNHEALTHY: &str = "UnhealthyPackageRevision";
+/// `RuntimeHealthy` False: the Function's runtime config asks for a limit
+/// this fnrun cannot enforce (see [`crate::LimitPolicy`]).
+pub const REASON_UNENFORCEABLE: &str = "UnenforceableLimits";
 const REASON_UNKNOWN: &str = "UnknownPackageRevisionHealth";
 const REASON_ACTIVE: &str = "ActivePackageRevision";
 const REASON_INACTIVE: &str = "InactivePackageRevision";
@@ -161,6 +164,12 @@ pub enum Health {
     Starting,
     /// It cannot be served: why.
     Unhealthy(String),
+    /// Its objects ask for what fnrun cannot do (a limit it cannot enforce,
+    /// a pull secret it cannot read): why, with the condition's reason.
+    Refused(CannotServe),
+    /// Served, but without what [`Health::Refused`] would name, as the
+    /// operator chose (`--best-effort-limits`): what it runs without.
+    HealthyWithout(String),
     /// It has no Service fnrun may write (see [`service_conflict`]), hence no
     /// endpoint: why.
     NoService(String),
@@ -209,6 +218,9 @@ pub fn revision_status(
             }
             let healthy = match health {
                 Health::Healthy => condition(RUNTIME_HEALTHY, "True", REASON_HEALTHY, ""),
+                Health::HealthyWithout(what) => {
+                    condition(RUNTIME_HEALTHY, "True", REASON_HEALTHY, what)
+                }
                 // A revision already healthy stays so while a replica that
                 // just started (or took the lead) tries it again: a restart
                 // of fnrun does not flap the Function's health.
@@ -227,6 +239,9 @@ pub fn revision_status(
                 ),
                 Health::Unhealthy(why) | Health::NoService(why) => {
                     condition(RUNTIME_HEALTHY, "False", REASON_UNHEALTHY, why)
+                }
+                Health::Refused(why) => {
+                    condition(RUNTIME_HEALTHY, "False", why.reason, &why.message)
                 }
             };
             let active = if served {
@@ -305,6 +320,14 @@ mod tests {
             service_selector: [("app".to_owned(), "fnrun".to_owned())].into(),
             idle_timeout: None,
             start_timeout: std::time::Duration::from_secs(60),
+            limits: crate::LimitPolicy {
+                support: fnrun_sandbox::LimitSupport {
+                    memory: fnrun_sandbox::Enforcement::Unavailable("no cgroup".into()),
+                    cpu: fnrun_sandbox::Enforcement::Unavailable("no cgroup".into()),
+                    pids: fnrun_sandbox::Enforcement::Rlimit,
+                },
+                best_effort: false,
+            },
         }
     }
 
@@ -402,6 +425,46 @@ mod tests {
             "T0"
         );
         assert!(already_applied(&rev, &applied) || rev.condition("RuntimeActive").is_none());
+    }
+
+    #[test]
+    fn a_limit_fnrun_cannot_enforce_is_said_on_the_revision() {
+        let rev = revision("Active", vec![]);
+        let limits = fnrun_sandbox::Limits {
+            memory_bytes: Some(200 << 20),
+            ..Default::default()
+        };
+        let why = config().limits.unenforceable(&limits).unwrap();
+        assert!(why.contains("memory (no cgroup)"), "{why}");
+        // Refused: False, with its own reason.
+        let refused = Health::Refused(CannotServe {
+            reason: REASON_UNENFORCEABLE,
+            message: why.clone(),
+        });
+        let applied = revision_status(&rev, "fn-a", Some(&refused), &config(), "T1");
+        let healthy = &applied["status"]["conditions"][0];
+        assert_eq!(healthy["type"], "RuntimeHealthy");
+        assert_eq!(healthy["status"], "False");
+        assert_eq!(healthy["reason"], "UnenforceableLimits");
+        assert_eq!(healthy["message"], why.as_str());
+        // Served without it (--best-effort-limits): True, and says so.
+        let without = Health::HealthyWithout(format!("served without: {why}"));
+        let applied = revision_status(&rev, "fn-a", Some(&without), &config(), "T1");
+        let healthy = &applied["status"]["conditions"][0];
+        assert_eq!(healthy["status"], "True");
+        assert!(
+            healthy["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("served without"),
+            "{healthy}"
+        );
+        // Nothing asked that cannot be enforced: nothing said.
+        let pids_only = fnrun_sandbox::Limits {
+            pids: Some(10),
+            ..Default::default()
+        };
+        assert_eq!(config().limits.unenforceable(&pids_only), None);
     }
 
     #[test]

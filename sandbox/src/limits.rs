@@ -66,6 +66,26 @@ impl fmt::Display for LimitSupport {
     }
 }
 
+impl LimitSupport {
+    /// The limits of `requested` this host cannot enforce, each with why:
+    /// what a run of it would fail with ([`Error::LimitUnavailable`]), or
+    /// run without under `best_effort_limits`. Known before any run, so that
+    /// a caller can say so where its users look (a revision's condition).
+    pub fn unenforceable(&self, requested: &Limits) -> Vec<(&'static str, String)> {
+        [
+            ("memory", requested.memory_bytes, &self.memory),
+            ("cpu", requested.cpu_millis, &self.cpu),
+            ("pids", requested.pids, &self.pids),
+        ]
+        .into_iter()
+        .filter_map(|(what, value, how)| match (value, how) {
+            (Some(_), Enforcement::Unavailable(why)) => Some((what, why.clone())),
+            _ => None,
+        })
+        .collect()
+    }
+}
+
 /// Sets up the cgroups of runs and decides how each limit is enforced.
 #[derive(Debug)]
 pub(crate) struct Limiter {
@@ -256,5 +276,45 @@ fn nproc_is_per_namespace() -> Result<(), String> {
             "Linux {} counts RLIMIT_NPROC per host user, not per run (5.14 needed)",
             release.trim()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_requested_limits_this_host_cannot_enforce_are_named() {
+        let support = LimitSupport {
+            memory: Enforcement::Unavailable("no writable cgroup v1 hierarchy".into()),
+            cpu: Enforcement::Cgroup(Version::V2),
+            pids: Enforcement::Rlimit,
+        };
+        assert!(support.unenforceable(&Limits::default()).is_empty());
+        let all = Limits {
+            memory_bytes: Some(1 << 20),
+            cpu_millis: Some(500),
+            pids: Some(10),
+        };
+        assert_eq!(
+            support.unenforceable(&all),
+            vec![("memory", "no writable cgroup v1 hierarchy".to_owned())]
+        );
+        let cpu_only = Limits {
+            cpu_millis: Some(500),
+            ..Limits::default()
+        };
+        assert!(support.unenforceable(&cpu_only).is_empty());
+        let none = LimitSupport {
+            memory: Enforcement::Unavailable("m".into()),
+            cpu: Enforcement::Unavailable("c".into()),
+            pids: Enforcement::Unavailable("p".into()),
+        };
+        let names: Vec<_> = none
+            .unenforceable(&all)
+            .into_iter()
+            .map(|(w, _)| w)
+            .collect();
+        assert_eq!(names, ["memory", "cpu", "pids"]);
     }
 }

@@ -35,7 +35,9 @@
 //!   takes the Lease once it expires and writes what changed, and a deleted
 //!   Function's instance goes;
 //! - fnrun run by an unprivileged user (rootless) takes over, and an XR is
-//!   composed through it.
+//!   composed through it; where it cannot enforce the limited Function's
+//!   memory limit (no cgroup of its own), that revision's `RuntimeHealthy`
+//!   is False with reason `UnenforceableLimits`, naming the limit and why.
 //!
 //! What differs from a cluster, and why: as in `crossplane_kubernetes.rs`,
 //! fnrun and Crossplane run on the host (no kubelet), and Crossplane resolves
@@ -848,6 +850,32 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     )
     .unwrap();
     assert_composed(&cp, "rootless", "color-green", &|| logs(&rootless));
+    // The limited Function's memory limit is one a rootless fnrun cannot
+    // enforce on a host that gives it no cgroup of its own (cgroup v1): its
+    // revision says so, with a reason of its own, and it is not served.
+    if rootless.log().contains("memory: unavailable") {
+        let rev = wait_for(
+            "the limited Function's revision saying its limit cannot be enforced",
+            Duration::from_secs(120),
+            || {
+                let rev = active_revision(&cp, PRIVATE)?;
+                let says = rev["status"]["conditions"].as_array()?.iter().any(|c| {
+                    c["type"] == "RuntimeHealthy"
+                        && c["status"] == "False"
+                        && c["reason"] == "UnenforceableLimits"
+                });
+                says.then_some(rev)
+            },
+            &|| logs(&rootless),
+        );
+        let text = rev["status"]["conditions"].to_string();
+        assert!(
+            text.contains("memory (") && text.contains("--best-effort-limits"),
+            "{text}"
+        );
+    } else {
+        eprintln!("the rootless replica can enforce a memory limit here: nothing to refuse");
+    }
     let pid = rootless.pid().unwrap();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     assert!(

@@ -382,7 +382,11 @@ async fn start_functions(
     tls_metrics: Arc<HandshakeMetrics>,
     shutdown: &Shutdown,
 ) -> anyhow::Result<(Option<FunctionsDaemon>, Option<ControllerTask>)> {
-    let started = match args.functions.kubernetes()? {
+    let limits = fnrun_controller::LimitPolicy {
+        support: runner.limit_support().clone(),
+        best_effort: args.sandbox.best_effort_limits,
+    };
+    let started = match args.functions.kubernetes(limits)? {
         Some((listener, config)) => {
             let (daemon, controller) = start_kubernetes_mode(
                 args,
