@@ -281,6 +281,63 @@ impl Runner {
         &self.sandbox
     }
 
+    /// Makes one sandbox as every run's is made (its user namespace and id
+    /// maps, the other namespaces, its cgroup and limits, its root over an
+    /// empty layer, its own `/proc`) and ends it before it would exec
+    /// anything: whether this host, or this container, lets fnrun run any
+    /// function at all. A daemon asks at start, so that one which could run
+    /// nothing refuses to start (and a pod is never Ready) instead of
+    /// failing every call.
+    pub async fn check_sandbox(&self) -> Result<(), fnrun_sandbox::Error> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let layer = self
+            .cache
+            .root()
+            .join(format!("sandbox-check-{}", std::process::id()));
+        let made = std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&layer)
+            .and_then(|()| {
+                // Searchable by the runs' ids whatever the umask.
+                std::fs::set_permissions(&layer, std::fs::Permissions::from_mode(0o755))
+            });
+        if let Err(e) = made {
+            return Err(fnrun_sandbox::Error::Io {
+                op: "create the sandbox check's empty layer",
+                path: Some(layer),
+                source: e,
+            });
+        }
+        let spec = fnrun_sandbox::RunSpec {
+            layers: vec![layer.clone()],
+            argv: vec!["/fnrun-sandbox-check".to_owned()],
+            env: Vec::new(),
+            workdir: "/".to_owned(),
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+            network: Network::Isolated,
+            limits: Limits::default(),
+            mounts: Vec::new(),
+            caller: None,
+        };
+        let checked = match self.sandbox.prepare_off_worker(Arc::new(spec)).await {
+            Ok(prepared) => prepared.into_ready().await.map(|ready| ready.discard()),
+            Err(e) => Err(e),
+        };
+        let checked = match checked {
+            Ok(discarded) => {
+                discarded.await;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = std::fs::remove_dir(&layer) {
+            tracing::warn!(dir = %layer.display(), error = %e, "cannot remove the sandbox check's empty layer");
+        }
+        checked
+    }
+
     /// Which limits this host's sandboxes can enforce.
     pub fn limit_support(&self) -> &fnrun_sandbox::LimitSupport {
         self.sandbox.limit_support()

@@ -177,6 +177,7 @@ async fn serve_async(args: ServeArgs) -> anyhow::Result<Option<Stopped>> {
     let mut signals = Signals::install()?;
     let addrs = check_config(&args)?;
     let runner = start_runner(&args)?;
+    check_sandbox(&runner).await?;
     let shutdown = Shutdown::new();
     // Each part counts its own; a scrape renders them all.
     let function_metrics = Arc::new(FunctionMetrics::default());
@@ -262,6 +263,20 @@ fn start_runner(args: &ServeArgs) -> anyhow::Result<Arc<Runner>> {
     );
     tracing::info!(limits = %runner.limit_support(), "limits this host can enforce");
     Ok(Arc::new(runner))
+}
+
+/// Refuses to start where no function could run: one sandbox made and
+/// ended before anything listens (see [`Runner::check_sandbox`]).
+async fn check_sandbox(runner: &Runner) -> anyhow::Result<()> {
+    match runner.check_sandbox().await {
+        Ok(()) => Ok(()),
+        Err(e) => anyhow::bail!(
+            "cannot make a sandbox here, so no function could run: {e}. In a \
+             container it needs user namespaces, mounts and a /proc of its own: a pod with \
+             hostUsers: false, procMount: Unmasked and a seccomp profile that allows them \
+             (deploy/seccomp/fnrun.json), or a privileged one (docs/deployment.md)"
+        ),
+    }
 }
 
 /// Tells every part of the daemon when to stop: its listeners, the metrics
