@@ -54,7 +54,13 @@ impl V2 {
         }
         let mut notes = Vec::new();
         let mut dir = base.to_owned();
-        enable(fs.as_ref(), &dir, base != mount, &mut notes)?;
+        // The base is this process's own cgroup (which may have to be
+        // emptied first), unless it is the hierarchy's root, which is exempt
+        // from "no internal processes" and has no `cgroup.type`; the root of
+        // a cgroup namespace (a container's own cgroup, in a mount of its
+        // own) is not that root, and has one.
+        let own_base = base != mount || fs.exists(&base.join("cgroup.type"));
+        enable(fs.as_ref(), &dir, own_base, &mut notes)?;
         for part in rel.components() {
             dir.push(part);
             if !fs.exists(&dir) {
