@@ -461,9 +461,6 @@ pub fn build_runner(
     sandbox_config.max_output_bytes = usize::try_from(sandbox.max_output_bytes)
         .map_err(|_| anyhow::anyhow!("--max-output-bytes is too large"))?;
     sandbox_config.best_effort_limits = sandbox.best_effort_limits;
-    // In a container that has a read-only cgroup v2 and a user namespace of
-    // its own: a cgroup2 mount of its own cgroup (see CgroupConfig).
-    sandbox_config.cgroup.own_mount = Some(root.join("cgroup"));
     // This binary, which serves as the spawner when exec'd as one (see `main`).
     sandbox_config.spawner_exe = Some(std::path::PathBuf::from("/proc/self/exe"));
     if sandbox.seccomp_unconfined {

@@ -30,14 +30,6 @@ pub struct CgroupConfig {
     /// cgroup v1: keep the cgroups of finished runs for the next runs (see
     /// the `v1` module) instead of creating and removing them for each run.
     pub pool: bool,
-    /// cgroup v2 mounted read-only, as container runtimes mount it in every
-    /// unprivileged container: where to mount a cgroup2 filesystem of this
-    /// process's own. A container in a user namespace of its own (a
-    /// `hostUsers: false` pod) has a cgroup namespace too, whose root is its
-    /// own cgroup, which runc hands to the container's root (v2's
-    /// delegation); that root may mount it, writable, and so limit runs
-    /// below its own cgroup. `None`: never mount one.
-    pub own_mount: Option<PathBuf>,
 }
 
 /// Where the parent cgroup of runs goes.
@@ -66,7 +58,6 @@ impl Default for CgroupConfig {
             base: CgroupBase::Auto,
             parent: "fnrun".into(),
             pool: true,
-            own_mount: None,
         }
     }
 }
@@ -232,35 +223,6 @@ pub trait CgroupFs: fmt::Debug + Send + Sync {
     /// run on the host's hierarchies.
     fn open_write(&self, path: &Path) -> io::Result<std::fs::File> {
         std::fs::OpenOptions::new().write(true).open(path)
-    }
-    /// Mounts a cgroup2 filesystem at `at` (made if missing): the hierarchy
-    /// as this process's cgroup namespace shows it. Only in a user namespace
-    /// of its own (a container's), where the mount goes with the container;
-    /// a process of the host's user namespace is refused, for a mount there
-    /// would outlive it (remount the host's hierarchy writable instead).
-    fn mount_cgroup2(&self, at: &Path) -> io::Result<()> {
-        let uid_map = std::fs::read_to_string("/proc/self/uid_map")?;
-        if uid_map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"] {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "this process is in the host's user namespace: fnrun mounts a cgroup2 of its \
-                 own only in a container's",
-            ));
-        }
-        match std::fs::create_dir(at) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        use nix::mount::MsFlags;
-        nix::mount::mount(
-            Some("cgroup2"),
-            at,
-            Some("cgroup2"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        )
-        .map_err(io::Error::from)
     }
     /// Opens an existing interface file for many reads (see [`read_whole`]).
     /// By default the file itself, as for [`CgroupFs::open_write`].

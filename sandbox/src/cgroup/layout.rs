@@ -124,25 +124,6 @@ pub fn layout(
     Ok(Layout::V1(hierarchies))
 }
 
-/// Whether the cgroup2 filesystem mounted at `at` is mounted read-only (as
-/// container runtimes mount `/sys/fs/cgroup` in unprivileged containers).
-pub fn read_only(mountinfo: &str, at: &Path) -> bool {
-    mountinfo
-        .lines()
-        .filter_map(Mount::parse)
-        .rfind(|m| m.fstype == "cgroup2" && m.mount_point == at)
-        .is_some_and(|m| m.read_only)
-}
-
-/// Whether a cgroup2 filesystem is mounted at `at`, writable.
-pub fn writable_cgroup2_at(mountinfo: &str, at: &Path) -> bool {
-    mountinfo
-        .lines()
-        .filter_map(Mount::parse)
-        .rfind(|m| m.fstype == "cgroup2" && m.mount_point == at)
-        .is_some_and(|m| !m.read_only)
-}
-
 /// One line of a mountinfo file.
 #[derive(Debug)]
 pub(super) struct Mount {
@@ -151,8 +132,6 @@ pub(super) struct Mount {
     pub(super) mount_point: PathBuf,
     fstype: String,
     super_options: String,
-    /// Mounted read-only (the mount's own options, or the superblock's).
-    read_only: bool,
 }
 
 impl Mount {
@@ -161,20 +140,15 @@ impl Mount {
         let mut left = left.split(' ');
         let root = unescape(left.nth(3)?);
         let mount_point = PathBuf::from(unescape(left.next()?));
-        let mount_options = left.next().unwrap_or("");
         let mut right = right.split(' ');
         let fstype = right.next()?.to_owned();
         let _source = right.next()?;
         let super_options = right.next().unwrap_or("").to_owned();
-        let read_only = [mount_options, &super_options]
-            .iter()
-            .any(|o| o.split(',').any(|o| o == "ro"));
         Some(Mount {
             root,
             mount_point,
             fstype,
             super_options,
-            read_only,
         })
     }
 }

@@ -41,12 +41,6 @@ pub fn detect(config: &CgroupConfig, fs: Arc<dyn CgroupFs>) -> Result<Box<dyn Cg
         std::fs::read_to_string(&config.self_cgroup).wrap("read", &config.self_cgroup)?;
     match layout(&mountinfo, &self_cgroup, &config.root, fs.as_ref())? {
         Layout::V2(h) => {
-            let h = match &config.own_mount {
-                Some(at) if layout::read_only(&mountinfo, &h.mount) => {
-                    own_cgroup2(config, fs.as_ref(), &h.mount, at, &mountinfo, &self_cgroup)?
-                }
-                _ => h,
-            };
             let base = if config.base == CgroupBase::Top {
                 &h.mount
             } else {
@@ -80,52 +74,6 @@ pub fn detect(config: &CgroupConfig, fs: Arc<dyn CgroupFs>) -> Result<Box<dyn Cg
                 .collect::<Result<Vec<_>>>()?;
             Ok(Box::new(v1::V1::new(fs, parents, config.pool)?))
         }
-    }
-}
-
-/// The unified hierarchy as a cgroup2 mount of this process's own at `at`
-/// shows it, `ro` (mounted read-only) being what it found first (see
-/// [`CgroupConfig::own_mount`]). A writable one already at `at` (mounted by
-/// an earlier start in the same container) is used as it is.
-fn own_cgroup2(
-    config: &CgroupConfig,
-    fs: &dyn CgroupFs,
-    ro: &Path,
-    at: &Path,
-    mountinfo: &str,
-    self_cgroup: &str,
-) -> Result<layout::Hierarchy> {
-    let unusable = |why: String| {
-        CgroupError::Unusable(format!(
-            "the cgroup v2 hierarchy at {} is mounted read-only, and {why}",
-            ro.display()
-        ))
-    };
-    let mountinfo = if layout::writable_cgroup2_at(mountinfo, at) {
-        mountinfo.to_owned()
-    } else {
-        fs.mount_cgroup2(at).map_err(|e| {
-            unusable(format!(
-                "a cgroup2 of fnrun's own cannot be mounted at {}: {e}",
-                at.display()
-            ))
-        })?;
-        std::fs::read_to_string(&config.mountinfo).wrap("read", &config.mountinfo)?
-    };
-    match layout(&mountinfo, self_cgroup, at, fs).map_err(|e| unusable(e.to_string()))? {
-        Layout::V2(h) => {
-            tracing::info!(
-                mount = %at.display(),
-                own = %h.own.display(),
-                "the cgroup v2 hierarchy is read-only here: runs' cgroups go below this \
-                 process's own, in a cgroup2 mount of its own"
-            );
-            Ok(h)
-        }
-        Layout::V1(_) => Err(unusable(format!(
-            "the cgroup2 mounted at {} has none of the memory, cpu and pids controllers",
-            at.display()
-        ))),
     }
 }
 

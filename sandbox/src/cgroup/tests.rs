@@ -381,7 +381,6 @@ fn detect_builds_a_v2_driver_from_files() {
         base: CgroupBase::Auto,
         parent: "fnrun".into(),
         pool: true,
-        own_mount: None,
     };
     let driver = detect(&config, fs).unwrap();
     assert_eq!(driver.version(), Version::V2);
@@ -586,7 +585,6 @@ fn detect_puts_v1_runs_below_the_own_cgroup_unless_told_otherwise() {
         base: CgroupBase::Auto,
         parent: "fnrun".into(),
         pool: true,
-        own_mount: None,
     };
     // Plain directories stand in for the v1 hierarchies here.
     let fs: Arc<dyn CgroupFs> = Arc::new(HostFs);
@@ -774,120 +772,52 @@ fn v1_never_hands_a_memory_limit_a_slot_left_charged() {
     assert_eq!(d.dirs(), vec![parent.join("c")]);
 }
 
-/// A container in a user namespace of its own on a cgroup v2 host, as runc
-/// makes one: `/sys/fs/cgroup` mounted read-only, and a cgroup namespace
-/// whose root is the container's cgroup, handed to the container's root.
-/// `mount_cgroup2` shows that cgroup (with the daemon in it and the
-/// controllers the pod's cgroup enables) and adds the mount to the
-/// mountinfo file, as the kernel would.
-#[derive(Debug)]
-struct FakeContainer {
-    inner: FakeV2,
-    mountinfo: PathBuf,
-    mounts: std::sync::Mutex<u32>,
-    refuse: Option<i32>,
-}
-
-impl FakeContainer {
-    fn new(tmp: &Path, mountinfo: &Path, refuse: Option<i32>) -> Arc<FakeContainer> {
-        // The fake's root, which the container never sees (the mount goes
-        // below it): the container's cgroup is not exempt from "no internal
-        // processes".
-        let root = tmp.join("cache");
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::write(root.join("cgroup.procs"), "").unwrap();
-        Arc::new(FakeContainer {
-            inner: FakeV2 { root },
-            mountinfo: mountinfo.to_owned(),
-            mounts: std::sync::Mutex::new(0),
-            refuse,
-        })
+/// A container in a user namespace of its own with a writable cgroupfs and a
+/// cgroup namespace, as containerd's `cgroup_writable` runtime option and
+/// runc make it on a cgroup v2 node: `/sys/fs/cgroup` shows the container's
+/// own cgroup as its root (which runc handed to the container's root), with
+/// the daemon in it. Unlike the host's root cgroup it has a `cgroup.type`
+/// and is bound by "no internal processes".
+#[test]
+fn v2_at_the_root_of_a_cgroup_namespace_moves_the_daemon_into_a_leaf() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The fake's root stands for the host's, which the container never sees.
+    let host = tmp.path().join("host");
+    let fs = FakeV2::new(&host, "cpu memory pids");
+    let own = host.join("kubepods/pod1/ctr");
+    std::fs::create_dir_all(&own).unwrap();
+    for (name, content) in [
+        ("cgroup.controllers", "cpu memory pids".to_owned()),
+        ("cgroup.type", "domain\n".to_owned()),
+        ("cgroup.subtree_control", String::new()),
+        ("cgroup.procs", format!("{}\n", std::process::id())),
+    ] {
+        std::fs::write(own.join(name), content).unwrap();
     }
-}
-
-impl CgroupFs for FakeContainer {
-    fn read(&self, path: &Path) -> io::Result<String> {
-        self.inner.read(path)
+    for dir in [host.join("kubepods"), host.join("kubepods/pod1")] {
+        std::fs::write(dir.join("cgroup.procs"), "").unwrap();
     }
-    fn write(&self, path: &Path, value: &str) -> io::Result<()> {
-        self.inner.write(path, value)
-    }
-    fn mkdir(&self, path: &Path) -> io::Result<()> {
-        self.inner.mkdir(path)
-    }
-    fn rmdir(&self, path: &Path) -> io::Result<()> {
-        self.inner.rmdir(path)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        self.inner.exists(path)
-    }
-    fn children(&self, path: &Path) -> io::Result<Vec<String>> {
-        self.inner.children(path)
-    }
-    fn mount_cgroup2(&self, at: &Path) -> io::Result<()> {
-        if let Some(errno) = self.refuse {
-            return Err(os_err(errno));
-        }
-        *self.mounts.lock().unwrap() += 1;
-        std::fs::create_dir_all(at)?;
-        for (name, content) in [
-            ("cgroup.controllers", "cpu memory pids".to_owned()),
-            ("cgroup.type", "domain\n".to_owned()),
-            ("cgroup.subtree_control", String::new()),
-            ("cgroup.procs", format!("{}\n", std::process::id())),
-        ] {
-            std::fs::write(at.join(name), content)?;
-        }
-        let mut text = std::fs::read_to_string(&self.mountinfo)?;
-        text.push_str(&format!(
-            "70 60 0:40 / {} rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n",
-            at.display()
-        ));
-        std::fs::write(&self.mountinfo, text)
-    }
-}
-
-/// A container's files: its read-only `/sys/fs/cgroup` (the controllers the
-/// host has, as a read of it shows them), its mountinfo and its
-/// `/proc/self/cgroup` (at its cgroup namespace's root).
-fn container(tmp: &Path) -> (CgroupConfig, PathBuf) {
-    let ro = tmp.join("sys/fs/cgroup");
-    std::fs::create_dir_all(&ro).unwrap();
-    std::fs::write(ro.join("cgroup.controllers"), "cpu io memory pids").unwrap();
-    let mountinfo = tmp.join("mountinfo");
+    let mountinfo = tmp.path().join("mountinfo");
     std::fs::write(
         &mountinfo,
         format!(
-            "24 30 0:22 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n\
-             35 23 0:30 / {} ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup rw,nsdelegate\n",
-            ro.display()
+            "35 23 0:30 / {} rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup rw\n",
+            own.display()
         ),
     )
     .unwrap();
-    let self_cgroup = tmp.join("cgroup");
+    let self_cgroup = tmp.path().join("cgroup");
     std::fs::write(&self_cgroup, "0::/\n").unwrap();
-    let at = tmp.join("cache/cgroup");
     let config = CgroupConfig {
         enabled: true,
         mountinfo,
         self_cgroup,
-        root: ro,
+        root: own.clone(),
         base: CgroupBase::Auto,
         parent: "fnrun".into(),
         pool: true,
-        own_mount: Some(at.clone()),
     };
-    (config, at)
-}
-
-#[test]
-fn v2_read_only_in_a_container_limits_runs_below_its_own_cgroup_in_a_mount_of_its_own() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (config, at) = container(tmp.path());
-    let fs = FakeContainer::new(tmp.path(), &config.mountinfo, None);
-    let driver = detect(&config, fs.clone()).unwrap();
-    assert_eq!(*fs.mounts.lock().unwrap(), 1);
-    assert_eq!(driver.version(), Version::V2);
+    let driver = detect(&config, fs).unwrap();
     assert_eq!(
         driver.controllers(),
         &Controllers {
@@ -896,80 +826,17 @@ fn v2_read_only_in_a_container_limits_runs_below_its_own_cgroup_in_a_mount_of_it
             pids: Ok(()),
         }
     );
-    let parent = at.join("fnrun");
-    assert_eq!(driver.parents(), vec![parent.clone()]);
-    // The daemon left the container's cgroup for a leaf, so that it may
-    // enable controllers for its children.
-    assert_eq!(read(at.join("cgroup.procs")), "");
-    assert_eq!(read(at.join("cgroup.subtree_control")), "memory cpu pids");
+    assert_eq!(driver.parents(), vec![own.join("fnrun")]);
+    assert_eq!(read(own.join("cgroup.procs")), "");
+    assert_eq!(
+        read(own.join(DAEMON_LEAF).join("cgroup.procs")),
+        format!("{}\n", std::process::id())
+    );
     let limits = Limits {
         memory_bytes: Some(64 << 20),
         ..Limits::default()
     };
     let run = driver.create("1-2-3-4", &limits).unwrap();
-    assert_eq!(read(parent.join("1-2-3-4/memory.max")), "67108864");
+    assert_eq!(read(own.join("fnrun/1-2-3-4/memory.max")), "67108864");
     drop(run);
-    drop(driver);
-
-    // Started again in the same container: the mount is there, writable,
-    // and is used as it is.
-    let driver = detect(&config, fs.clone()).unwrap();
-    assert_eq!(*fs.mounts.lock().unwrap(), 1);
-    assert_eq!(driver.parents(), vec![parent]);
-
-    // Without a place to mount one, the read-only hierarchy is all there is.
-    let tmp = tempfile::tempdir().unwrap();
-    let (mut config, _) = container(tmp.path());
-    config.own_mount = None;
-    let fs = FakeContainer::new(tmp.path(), &config.mountinfo, None);
-    let _ = detect(&config, fs.clone());
-    assert_eq!(*fs.mounts.lock().unwrap(), 0);
-}
-
-#[test]
-fn v2_read_only_where_no_cgroup2_may_be_mounted_says_both() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (config, at) = container(tmp.path());
-    let fs = FakeContainer::new(tmp.path(), &config.mountinfo, Some(libc::EPERM));
-    let err = detect(&config, fs).unwrap_err().to_string();
-    assert!(
-        err.contains(&format!(
-            "the cgroup v2 hierarchy at {} is mounted read-only",
-            config.root.display()
-        )) && err.contains(&format!("cannot be mounted at {}", at.display()))
-            && err.contains("Operation not permitted"),
-        "{err}"
-    );
-}
-
-#[test]
-fn a_cgroup2_of_its_own_is_never_mounted_from_the_hosts_user_namespace() {
-    let uid_map = std::fs::read_to_string("/proc/self/uid_map").unwrap();
-    if uid_map.split_whitespace().collect::<Vec<_>>() != ["0", "0", "4294967295"] {
-        eprintln!("skipped: this test runs in a user namespace of its own");
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let at = tmp.path().join("cgroup");
-    let err = HostFs.mount_cgroup2(&at).unwrap_err();
-    assert!(err.to_string().contains("host's user namespace"), "{err}");
-    assert!(!at.exists());
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(at.to_str().unwrap()));
-}
-
-#[test]
-fn read_only_is_read_from_the_mount_and_superblock_options() {
-    let at = Path::new("/sys/fs/cgroup");
-    let line = |opts: &str, sopts: &str| {
-        format!("35 23 0:30 / /sys/fs/cgroup {opts} - cgroup2 cgroup2 {sopts}\n")
-    };
-    assert!(layout::read_only(&line("ro,nosuid", "rw"), at));
-    assert!(layout::read_only(&line("rw,nosuid", "ro"), at));
-    assert!(!layout::read_only(&line("rw,nosuid", "rw,nsdelegate"), at));
-    // The last mount at a place is the one seen there.
-    let both = line("ro", "rw") + &line("rw", "rw");
-    assert!(!layout::read_only(&both, at));
-    assert!(layout::writable_cgroup2_at(&both, at));
-    assert!(!layout::read_only("", at));
 }
