@@ -286,6 +286,12 @@ impl Runner {
         self.sandbox.limit_support()
     }
 
+    /// Whether isolated calls of one kind share network namespaces
+    /// (`--network-namespace per-kind`, and not a rootless runner).
+    pub fn shares_network_namespaces(&self) -> bool {
+        self.sandbox.shares_network_namespaces()
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
