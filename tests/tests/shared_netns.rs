@@ -19,8 +19,9 @@
 //!   `tcp_fastopen=0`;
 //! - as root with the pool off, of two "quiet" calls (that open no socket:
 //!   a closed socket's count in its namespace lasts an RCU grace period
-//!   longer) one after the other, the second is in the first's namespace
-//!   (given back clean, reused);
+//!   longer) one after the other (with a moment between for the first's
+//!   teardown, which follows its answer), the second is in the first's
+//!   namespace (given back clean, reused);
 //! - the waiting call's namespace is none of theirs (one run at a time), and
 //!   a call of another kind (another image) shares none of the namespaces
 //!   alive then;
@@ -262,8 +263,11 @@ async fn nothing_of_a_run_reaches_the_next_of_its_kind() {
             }
             let first = call(&daemon, &image, MINIMAL).await;
             let second = call(&daemon, &image, MINIMAL).await;
+            // A run's teardown follows its answer in the background: a
+            // moment for it before the next call.
             let quiet = format!("# quiet\n{MINIMAL}");
             let quiet_first = call(&daemon, &image, &quiet).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
             let quiet_second = call(&daemon, &image, &quiet).await;
             let another = call(&daemon, &other, MINIMAL).await;
             let still_waiting = !waiting.is_finished();
