@@ -20,7 +20,17 @@ async fn look(fx: &Fixture, spec: &RunSpec) -> Vec<String> {
 
 #[tokio::test]
 async fn a_kinds_runs_share_a_network_namespace_one_at_a_time() {
-    let fx = Fixture::new();
+    shared_one_at_a_time(Fixture::new()).await;
+}
+
+/// The same with the direct launcher: the runner's clone thread enters the
+/// kind's namespace instead of the spawner.
+#[tokio::test]
+async fn a_kinds_runs_share_a_network_namespace_without_the_spawner() {
+    shared_one_at_a_time(Fixture::with(|c| c.spawner = false)).await;
+}
+
+async fn shared_one_at_a_time(fx: Fixture) {
     if !fx.sandbox.shares_network_namespaces() {
         eprintln!("SKIPPED: a rootless runner gives each run its own network namespace");
         return;
@@ -57,6 +67,17 @@ async fn a_kinds_runs_share_a_network_namespace_one_at_a_time() {
     // The kind's last sandbox ends: its namespaces end.
     held.discard().await;
     assert_eq!(nets.counts(), (0, 0));
+
+    // The cloning thread went back home: a run with the runner's network
+    // is in this process's namespace.
+    let mut runner = fx.spec(LOOK);
+    runner.network = Network::Runner;
+    let out = fx.sandbox.run(&runner, b"", TIMEOUT).await.unwrap();
+    let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_eq!(
+        text(&out.stdout).lines().next(),
+        Some(own.to_string_lossy().as_ref())
+    );
 }
 
 #[tokio::test]
