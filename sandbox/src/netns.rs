@@ -75,6 +75,8 @@ const LISTED: [&CStr; 4] = [
 #[derive(Debug, Default)]
 pub(crate) struct Kinds {
     kinds: Mutex<HashMap<Arc<RunSpec>, Kind>>,
+    /// A namespace could not be made (and the warning said so).
+    warned: std::sync::atomic::AtomicBool,
 }
 
 /// Most namespaces a kind keeps that were not clean when given back.
@@ -136,6 +138,22 @@ impl Kinds {
                 u64::from_str_radix(hex.trim(), 16).ok()
             })
             .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+    }
+
+    /// A namespace of `spec`'s kind for one run: a free one, else a new
+    /// one; `None` if none can be made (a read-only `/proc/sys` in a
+    /// container, say): the run then gets its own, as per-run, with a
+    /// warning the first time.
+    pub fn take_or_own(self: &Arc<Self>, spec: &RunSpec) -> Option<Lease> {
+        match self.take(spec) {
+            Ok(lease) => Some(lease),
+            Err(e) => {
+                if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "cannot make a network namespace for a kind's runs: runs get their own");
+                }
+                None
+            }
+        }
     }
 
     /// A namespace of `spec`'s kind for one run: a free one, else a new one.

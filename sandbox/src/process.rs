@@ -139,7 +139,7 @@ impl Sandbox {
         // A per-call ISOLATED run takes a network namespace of its kind's,
         // where they are shared; it gives it back once its init is reaped.
         let net = match (&self.nets, kind, spec.network) {
-            (Some(nets), Kind::Call, Network::Isolated) => Some(nets.take(spec)?),
+            (Some(nets), Kind::Call, Network::Isolated) => nets.take_or_own(spec),
             _ => None,
         };
         let plan = plan::plan(&self.config, self.last_cap, spec, &run_tag, net.is_some())?;
