@@ -41,7 +41,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -129,15 +129,29 @@ impl Kinds {
     /// holds `CAP_SYS_ADMIN` in its own user namespace (root, or root of a
     /// container's user namespace), which both making one and entering it
     /// need.
+    ///
+    /// The cloning thread must also be able to go back to this process's
+    /// own network namespace after each clone, which takes `CAP_SYS_ADMIN`
+    /// in the user namespace that owns *that* namespace: root in a user
+    /// namespace of its own (a `hostUsers: false` pod) that shares the
+    /// host's network namespace cannot, and its runs get a namespace each.
+    /// Tried on a thread of its own: `setns` into its own namespace.
     pub fn possible() -> bool {
         const CAP_SYS_ADMIN: u32 = 21;
-        std::fs::read_to_string("/proc/self/status")
+        let capable = std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|status| {
                 let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
                 u64::from_str_radix(hex.trim(), 16).ok()
             })
-            .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+            .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0);
+        capable
+            && std::thread::spawn(|| {
+                let home = sys::open_cloexec(c"/proc/thread-self/ns/net")?;
+                sys::setns(home.as_raw_fd(), libc::CLONE_NEWNET)
+            })
+            .join()
+            .is_ok_and(|entered| entered.is_ok())
     }
 
     /// A namespace of `spec`'s kind for one run: a free one, else a new

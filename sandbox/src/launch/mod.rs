@@ -82,7 +82,13 @@ pub(crate) fn launch(
                 // Killed before it was released; this process reaps it.
                 let _ = nix::sys::wait::waitid(Id::PIDFd(pidfd.as_fd()), WaitPidFlag::WEXITED);
             }
-            Err(moved("move the cloning thread out of", e))
+            match cgroup {
+                Some(_) => Err(moved("move the cloning thread out of", e)),
+                // Only a kind's network namespace was left (see `Net::Join`).
+                None => Err(Error::errno(
+                    "clone init: return to the runner's network namespace",
+                )(e)),
+            }
         }
         Err(Failure::Init(CloneError::Clone(e))) => Err(Error::errno("clone3")(e)),
         Err(Failure::SpawnerDied(e)) => Err(Error::errno(
