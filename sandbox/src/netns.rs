@@ -117,10 +117,10 @@ impl Lease {
 }
 
 impl Drop for Lease {
+    /// Counts the run out of its kind, giving its namespace back (none if
+    /// none could be made for it).
     fn drop(&mut self) {
-        if let Some(net) = self.net.take() {
-            self.kinds.give_back(&self.kind, net);
-        }
+        self.kinds.give_back(&self.kind, self.net.take());
     }
 }
 
@@ -209,11 +209,11 @@ impl Kinds {
 
     /// Gives `net` back to `kind` (once its run is over), if it is as clean
     /// as made; ends the kind's namespaces if that was its last run.
-    fn give_back(&self, kind: &Arc<RunSpec>, net: KindNet) {
-        let left = net.left();
+    fn give_back(&self, kind: &Arc<RunSpec>, net: Option<KindNet>) {
+        let left = net.as_ref().and_then(KindNet::left);
         let clean = left.is_none();
         if let Some(left) = left {
-            tracing::debug!(%left, "a run left sockets in its kind's network namespace: ended");
+            tracing::debug!(%left, "a run left sockets in its kind's network namespace: set aside");
         }
         let ended = {
             let mut kinds = self.lock();
@@ -221,6 +221,12 @@ impl Kinds {
                 return;
             };
             entry.live = entry.live.saturating_sub(1);
+            let Some(net) = net else {
+                let ended = (entry.live == 0).then(|| kinds.remove(kind));
+                drop(kinds);
+                drop(ended);
+                return;
+            };
             if entry.live == 0 {
                 kinds.remove(kind).map(|k| (k.free, k.unclean))
             } else if clean {
@@ -298,17 +304,11 @@ impl KindNet {
                 (file, rows)
             })
             .collect();
-        let net = KindNet {
+        Ok(KindNet {
             ns,
             counted,
             listed,
-        };
-        if !net.is_clean() {
-            return Err(Error::errno("read a new network namespace's sockets")(
-                nix::errno::Errno::EIO,
-            ));
-        }
-        Ok(net)
+        })
     }
 
     /// Whether the namespace is as it was made (but for its counters).

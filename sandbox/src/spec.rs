@@ -25,7 +25,9 @@ pub struct HostUser {
 /// Network access of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Network {
-    /// A new network namespace with only `lo` (up).
+    /// A network namespace with only `lo` (up): a new one, or one of the
+    /// run's kind's, one run at a time (see
+    /// [`crate::NetworkNamespaces::PerKind`]).
     #[default]
     Isolated,
     /// The runner's own network namespace.
