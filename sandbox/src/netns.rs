@@ -383,6 +383,43 @@ fn counts_are_zero(text: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// A run whose namespace could not be made (its lease holds none) is
+    /// counted out of its kind all the same: the kind's last run gone, the
+    /// kind is.
+    #[test]
+    fn a_lease_without_a_namespace_counts_its_run_out() {
+        let kinds = Arc::new(Kinds::default());
+        let spec = Arc::new(RunSpec {
+            layers: Vec::new(),
+            argv: vec!["true".into()],
+            env: Vec::new(),
+            workdir: "/".into(),
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+            network: crate::Network::Isolated,
+            limits: crate::Limits::default(),
+            mounts: Vec::new(),
+            caller: None,
+        });
+        kinds.lock().insert(
+            spec.clone(),
+            Kind {
+                live: 2,
+                ..Kind::default()
+            },
+        );
+        let lease = || Lease {
+            kinds: kinds.clone(),
+            kind: spec.clone(),
+            net: None,
+        };
+        drop(lease());
+        assert_eq!(kinds.lock()[&spec].live, 1);
+        drop(lease());
+        assert_eq!(kinds.counts(), (0, 0));
+    }
+
     #[test]
     fn sockstat_counts() {
         let fresh = "sockets: used 0\nTCP: inuse 0 orphan 3 tw 0 alloc 2 mem 7\n\
