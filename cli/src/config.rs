@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use fnrun_cache::{Cache, CacheConfig, LayerOwner, PullPolicy};
-use fnrun_sandbox::{IdMap, Network, Sandbox, SandboxConfig};
+use fnrun_sandbox::{IdMap, Network, NetworkNamespaces, Sandbox, SandboxConfig};
 
 use fnrun_runner::runner::{Admission, Runner};
 
@@ -127,6 +127,22 @@ pub struct SandboxArgs {
     /// be enforced on this host (default: fail with FAILED_PRECONDITION).
     #[arg(long)]
     pub best_effort_limits: bool,
+    /// Network namespace of an isolated call: per-kind (the calls of one
+    /// image and run spec share one, one call at a time in each, made by
+    /// the runner: no call holds a capability in it; a rootless runner
+    /// cannot, and gives each call its own) or per-run (a new one for
+    /// every call). See docs/security.md.
+    #[arg(long, value_enum, default_value_t = NetworkNamespaceArg::PerKind)]
+    pub network_namespace: NetworkNamespaceArg,
+}
+
+/// `--network-namespace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NetworkNamespaceArg {
+    /// A new network namespace for every call.
+    PerRun,
+    /// The calls of one kind share one, one at a time in each.
+    PerKind,
 }
 
 /// The id map of the sandboxes, and of the layers a pull unpacks: among the
@@ -154,6 +170,7 @@ impl IdMapArgs {
             seccomp_profile: None,
             seccomp_unconfined: false,
             best_effort_limits: false,
+            network_namespace: NetworkNamespaceArg::PerKind,
         }
     }
 }
@@ -461,6 +478,10 @@ pub fn build_runner(
     sandbox_config.max_output_bytes = usize::try_from(sandbox.max_output_bytes)
         .map_err(|_| anyhow::anyhow!("--max-output-bytes is too large"))?;
     sandbox_config.best_effort_limits = sandbox.best_effort_limits;
+    sandbox_config.network_namespaces = match sandbox.network_namespace {
+        NetworkNamespaceArg::PerRun => NetworkNamespaces::PerRun,
+        NetworkNamespaceArg::PerKind => NetworkNamespaces::PerKind,
+    };
     // This binary, which serves as the spawner when exec'd as one (see `main`).
     sandbox_config.spawner_exe = Some(std::path::PathBuf::from("/proc/self/exe"));
     if sandbox.seccomp_unconfined {

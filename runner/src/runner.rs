@@ -172,7 +172,13 @@ pub struct Runner {
     metrics: Arc<Metrics>,
     /// `--cache-max-size`: the cache is pruned to it after runs.
     pruner: Option<Arc<Pruner>>,
+    /// Runs without the pool being ended in the background.
+    ending: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Most runs without the pool ended in the background at once; beyond, a
+/// call waits for its own (as the pool's `MAX_ENDING`).
+const MAX_ENDING: usize = 64;
 
 /// Holds one unit of a gauge (a queued call, a run in flight) until dropped.
 struct Gauge<'a>(&'a AtomicI64);
@@ -202,6 +208,7 @@ impl Runner {
             allowed_registries: Vec::new(),
             metrics: Arc::new(Metrics::default()),
             pruner: None,
+            ending: Arc::default(),
         }
     }
 
@@ -341,6 +348,48 @@ impl Runner {
     /// Which limits this host's sandboxes can enforce.
     pub fn limit_support(&self) -> &fnrun_sandbox::LimitSupport {
         self.sandbox.limit_support()
+    }
+
+    /// A run without the pool (`--sandbox-pool 0`): its sandbox made now,
+    /// the call answered once every process of the run is dead; its
+    /// teardown (init's exit, which ends its mount and other namespaces,
+    /// the reap, the cgroup's removal, its network namespace given back)
+    /// in the background, off the call's path, while fewer than
+    /// [`MAX_ENDING`] are, else before the answer. The image's lease is let
+    /// go of once the overlay root is gone.
+    async fn run_unpooled(
+        &self,
+        spec: fnrun_sandbox::RunSpec,
+        lease: Option<Arc<fnrun_cache::Lease>>,
+        input: &[u8],
+        timeout: Duration,
+    ) -> Result<fnrun_sandbox::Outcome, fnrun_sandbox::Error> {
+        let prepared = self.sandbox.prepare_off_worker(Arc::new(spec)).await?;
+        let (outcome, ending) = self
+            .sandbox
+            .answer_prepared(prepared, input, timeout)
+            .await?;
+        let end = async move {
+            ending.finish().await;
+            drop(lease);
+        };
+        if self.ending.fetch_add(1, Ordering::SeqCst) >= MAX_ENDING {
+            self.ending.fetch_sub(1, Ordering::SeqCst);
+            end.await;
+        } else {
+            let ending = self.ending.clone();
+            tokio::spawn(async move {
+                end.await;
+                ending.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+        Ok(outcome)
+    }
+
+    /// Whether isolated calls of one kind share network namespaces
+    /// (`--network-namespace per-kind`, and not a rootless runner).
+    pub fn shares_network_namespaces(&self) -> bool {
+        self.sandbox.shares_network_namespaces()
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -568,12 +617,8 @@ impl Runner {
         let outcome = match &self.pool {
             Some(pool) => pool.run(&spec, lease, &req.input, req.timeout).await?,
             None => {
-                let outcome = self
-                    .sandbox
-                    .run_off_worker(Arc::new(spec), &req.input, req.timeout)
-                    .await;
-                drop(lease);
-                outcome?
+                self.run_unpooled(spec, lease, &req.input, req.timeout)
+                    .await?
             }
         };
         let stderr = String::from_utf8_lossy(&outcome.stderr_tail).into_owned();

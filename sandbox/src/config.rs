@@ -52,6 +52,23 @@ pub struct SandboxConfig {
     /// How each run's overlay root is mounted (the switch exists to force
     /// the mount(2) path where the new mount API works).
     pub overlay: OverlayMount,
+    /// Which network namespace an ISOLATED per-call run gets. A runner
+    /// that cannot make namespaces for its runs to share (a rootless one)
+    /// gives each run its own whatever this says
+    /// ([`crate::Sandbox::shares_network_namespaces`]).
+    pub network_namespaces: NetworkNamespaces,
+}
+
+/// Which network namespace an ISOLATED per-call run gets (function servers
+/// always get their own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NetworkNamespaces {
+    /// A new one for every run.
+    PerRun,
+    /// One of its kind's (equal [`crate::RunSpec`]s), one run at a time in
+    /// each; see shared/SPEC.md, "Sandbox".
+    #[default]
+    PerKind,
 }
 
 impl SandboxConfig {
@@ -73,6 +90,7 @@ impl SandboxConfig {
             spawner: true,
             spawner_exe: None,
             overlay: OverlayMount::Auto,
+            network_namespaces: NetworkNamespaces::default(),
         }
     }
 }

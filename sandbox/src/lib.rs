@@ -1,7 +1,8 @@
 //! Function runs in fresh sandboxes.
 //!
 //! A [`Sandbox`] clones each run's init into new user, mount, PID, IPC, UTS,
-//! cgroup and (for [`Network::Isolated`]) network namespaces, maps ids, builds
+//! cgroup and (for [`Network::Isolated`]) network namespaces (or, as root,
+//! one of its kind's network namespaces: see [`NetworkNamespaces`]), maps ids, builds
 //! a root filesystem from read-only layer directories with a throwaway
 //! writable layer, pivots into it, hides or write-protects the sensitive parts
 //! of `/proc`, `/sys` and `/dev`, drops every privilege, installs the seccomp
@@ -28,6 +29,7 @@
 //! - `launch`: the launcher seam (the spawner process, or a direct clone)
 //!   over the one clone routine; `cgroup`, `limits`, `idmap`: what the
 //!   parent sets up around it;
+//! - `netns`: the network namespaces the runs of one kind share;
 //! - `sandbox`: the [`Sandbox`] and what it sets up once; `process`:
 //!   launch, placement, id maps and release, then the guard that kills,
 //!   reaps and cleans up, and how a run ended; `run` and `service`: the two
@@ -46,6 +48,7 @@ mod init;
 mod launch;
 mod limits;
 mod mounts;
+mod netns;
 mod overlay;
 mod plan;
 mod process;
@@ -58,7 +61,7 @@ mod steps;
 mod sys;
 
 pub use crate::cgroup::{CgroupBase, CgroupConfig, CgroupError, Version as CgroupVersion};
-pub use crate::config::SandboxConfig;
+pub use crate::config::{NetworkNamespaces, SandboxConfig};
 pub use crate::error::{Error, SpecError};
 pub use crate::idmap::IdMap;
 pub use crate::limits::{Enforcement, LimitSupport};

@@ -105,7 +105,7 @@ pub enum MountError {
 ///
 /// Made only by [`BindMount::new`], which resolves and checks it; the
 /// sandbox then mounts exactly the file it identified.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BindMount {
     source: PathBuf,
     dev: u64,

@@ -39,13 +39,15 @@ pub(crate) struct Plan {
     pub seccomp: bool,
 }
 
-/// Plans a run of `spec`: checks it (argv, an absolute working directory,
+/// Plans a run of `spec` (in its kind's network namespace when `joined`,
+/// see [`steps::rootfs`]): checks it (argv, an absolute working directory,
 /// ids inside the mapped range, strings without NUL bytes) and prepares it.
 pub(crate) fn plan(
     config: &SandboxConfig,
     last_cap: u32,
     spec: &RunSpec,
     run_tag: &str,
+    joined: bool,
 ) -> Result<Plan, Error> {
     let Some(argv0) = spec.argv.first() else {
         return Err(SpecError::NoCommand.into());
@@ -103,7 +105,7 @@ pub(crate) fn plan(
         uid: spec.uid,
         gid: spec.gid,
         groups: spec.groups.clone(),
-        steps: steps::rootfs(config, spec, run_tag)?,
+        steps: steps::rootfs(config, spec, run_tag, joined)?,
         workdir: cstring("working directory", spec.workdir.as_bytes())?,
         workdir_prefixes: prefixes,
         exec_paths,

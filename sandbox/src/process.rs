@@ -20,8 +20,9 @@ use crate::cgroup::{RunCgroup, Usage};
 use crate::error::Error;
 use crate::init::{InitFds, Report};
 use crate::launch;
+use crate::netns;
 use crate::plan::{self, Plan};
-use crate::{RunSpec, Sandbox, sys};
+use crate::{Network, RunSpec, Sandbox, sys};
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +136,13 @@ impl Sandbox {
             "{:x}",
             at.elapsed().as_nanos() ^ u128::from(std::process::id())
         );
-        let plan = plan::plan(&self.config, self.last_cap, spec, &run_tag)?;
+        // A per-call ISOLATED run takes a network namespace of its kind's,
+        // where they are shared; it gives it back once its init is reaped.
+        let net = match (&self.nets, kind, spec.network) {
+            (Some(nets), Kind::Call, Network::Isolated) => nets.take_or_own(spec),
+            _ => None,
+        };
+        let plan = plan::plan(&self.config, self.last_cap, spec, &run_tag, net.is_some())?;
         // The run's cgroup, with its limits, exists before init does.
         let limits = self.limiter.prepare(
             &spec.limits,
@@ -146,13 +153,18 @@ impl Sandbox {
             self.launcher.as_ref(),
             &plan,
             fds,
-            spec.network,
+            match (&net, spec.network) {
+                (Some(lease), _) => launch::Net::Join(lease.fd()),
+                (None, Network::Isolated) => launch::Net::New,
+                (None, Network::Runner) => launch::Net::Runner,
+            },
             limits.cgroup.as_deref(),
         )?;
         let mut guard = InitGuard {
             pidfd: Some(launched.pidfd),
             pid: launched.pid,
             cgroup: limits.cgroup,
+            net,
         };
         // Only init holds these now: EOF on the parent's ends means init and
         // everything it started are gone.
@@ -205,6 +217,9 @@ pub(crate) struct InitGuard {
     pid: libc::pid_t,
     /// The run's cgroup: removed once init is reaped, on every path.
     cgroup: Option<Box<dyn RunCgroup>>,
+    /// Its kind's network namespace, given back once init is reaped (every
+    /// process of the run is dead then), on every path.
+    net: Option<netns::Lease>,
 }
 
 impl InitGuard {
@@ -263,8 +278,12 @@ impl InitGuard {
             .await
             .map_err(Error::io("wait for the sandbox"))?;
         let fd = self.pidfd.take().expect("reaped once");
-        nix::sys::wait::waitid(Id::PIDFd(fd.as_fd()), WaitPidFlag::WEXITED)
-            .map_err(Error::errno("reap the sandbox"))
+        let reaped = nix::sys::wait::waitid(Id::PIDFd(fd.as_fd()), WaitPidFlag::WEXITED)
+            .map_err(Error::errno("reap the sandbox"));
+        // Init has exited: its PID namespace, and every process of the
+        // run, are gone.
+        drop(self.net.take());
+        reaped
     }
 
     /// What the run has used so far, read from its cgroup; nothing without
@@ -303,6 +322,7 @@ impl Drop for InitGuard {
             let _ = nix::sys::wait::waitid(Id::PIDFd(fd.as_fd()), WaitPidFlag::WEXITED);
             tracing::debug!(pid = self.pid, "killed an abandoned sandbox");
         }
+        drop(self.net.take());
         // After init: its PID namespace is gone, so the cgroup is (nearly) empty.
         self.remove_cgroup();
     }

@@ -248,8 +248,10 @@ impl Sandbox {
     /// [`Sandbox::run`] with its sandbox made on the tokio runtime's
     /// blocking pool (see [`Sandbox::prepare_off_worker`]), for a caller on
     /// an async worker: the runner's runs that its pool has no sandbox for
-    /// (those with bind mounts or a caller's ids), and every run of a
-    /// runner without a pool (the CLI's, `--sandbox-pool 0`).
+    /// (those with bind mounts or a caller's ids). A runner without a pool
+    /// (`--sandbox-pool 0`, the CLI's) prepares and answers early
+    /// ([`Sandbox::answer_prepared`]) instead, its teardown off the call's
+    /// path.
     pub async fn run_off_worker(
         self: &Arc<Self>,
         spec: Arc<RunSpec>,

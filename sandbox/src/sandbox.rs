@@ -2,10 +2,13 @@
 //! limiter, the launcher). Its runs are `impl`s of their own modules (`run`,
 //! `service`, and `process` below both), which build on this one.
 
-use crate::config::SandboxConfig;
+use std::sync::Arc;
+
+use crate::config::{NetworkNamespaces, SandboxConfig};
 use crate::error::Error;
 use crate::launch;
 use crate::limits::{self, LimitSupport};
+use crate::netns;
 
 /// Runs functions. Cheap to share: every run takes `&self`.
 #[derive(Debug)]
@@ -15,6 +18,8 @@ pub struct Sandbox {
     pub(crate) last_cap: u32,
     pub(crate) limiter: limits::Limiter,
     pub(crate) launcher: Box<dyn launch::Launcher>,
+    /// The kinds' network namespaces, when runs share them.
+    pub(crate) nets: Option<Arc<netns::Kinds>>,
 }
 
 impl Sandbox {
@@ -33,11 +38,15 @@ impl Sandbox {
             .unwrap_or(63);
         let limiter = limits::Limiter::new(&config.cgroup);
         let launcher = launch::launcher(&config);
+        let nets = (config.network_namespaces == NetworkNamespaces::PerKind
+            && netns::Kinds::possible())
+        .then(Arc::default);
         Ok(Sandbox {
             config,
             last_cap,
             limiter,
             launcher,
+            nets,
         })
     }
 
@@ -49,6 +58,13 @@ impl Sandbox {
     /// Which limits this host can enforce, and how: for the runner to log.
     pub fn limit_support(&self) -> &LimitSupport {
         self.limiter.support()
+    }
+
+    /// Whether ISOLATED per-call runs of one kind share network namespaces
+    /// ([`NetworkNamespaces::PerKind`] asked for, and this process can make
+    /// them: not a rootless runner).
+    pub fn shares_network_namespaces(&self) -> bool {
+        self.nets.is_some()
     }
 
     /// The spawner's pid, while one runs (see [`SandboxConfig::spawner`]).

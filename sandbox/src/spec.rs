@@ -16,16 +16,18 @@ pub const MAX_LAYERS: usize = 500;
 /// A host user mapped into one run besides the sandbox's own ids, so that the
 /// function can act on the host as that user: on a writable bind mount, the
 /// files it makes are theirs (kpt's `--as-current-user`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HostUser {
     pub uid: u32,
     pub gid: u32,
 }
 
 /// Network access of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Network {
-    /// A new network namespace with only `lo` (up).
+    /// A network namespace with only `lo` (up): a new one, or one of the
+    /// run's kind's, one run at a time (see
+    /// [`crate::NetworkNamespaces::PerKind`]).
     #[default]
     Isolated,
     /// The runner's own network namespace.
@@ -34,7 +36,7 @@ pub enum Network {
 
 /// Resource limits of one run; `None` is no limit (the pids limit then comes
 /// from [`crate::SandboxConfig::default_pids_limit`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Limits {
     /// Memory (and memory+swap) of every process of the run, in bytes.
     pub memory_bytes: Option<u64>,
@@ -45,7 +47,7 @@ pub struct Limits {
 }
 
 /// One run: the image's root and config, and what the caller asks of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RunSpec {
     /// Read-only layer directories, bottom to top.
     pub layers: Vec<PathBuf>,

@@ -405,11 +405,14 @@ fn bind_mounts(spec: &RunSpec) -> Result<Vec<&crate::BindMount>, Error> {
 }
 
 /// Plans the steps that build the root of a run of `spec`. Pure: no system
-/// calls. `run_tag` makes the old root's directory name unique.
+/// calls. `run_tag` makes the old root's directory name unique. `joined`:
+/// the run starts in its kind's network namespace (see `netns`), which its
+/// user namespace does not own, rather than in a new one.
 pub(crate) fn rootfs(
     config: &SandboxConfig,
     spec: &RunSpec,
     run_tag: &str,
+    joined: bool,
 ) -> Result<Vec<Step>, Error> {
     let c = |s: &str| cstring("path", s.as_bytes());
     let scratch = path_str(&config.scratch_dir)?;
@@ -550,14 +553,17 @@ pub(crate) fn rootfs(
     )?);
     // 6. /sys, never writable. A new network namespace belongs to the
     //    run's user namespace, so a fresh sysfs (showing its own `lo`)
-    //    may be mounted, read-only. In the runner's network namespace the
-    //    kernel refuses a fresh sysfs and the host's would show the host's
+    //    may be mounted, read-only. In the runner's network namespace, or
+    //    a kind's (owned by the runner's user namespace), the kernel
+    //    refuses a fresh sysfs and the host's would show the host's
     //    devices and cgroups: an empty read-only tmpfs stands in.
     steps.push(mkdir("/sys", 0o555)?);
     let read_only = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     steps.push(match spec.network {
-        Network::Isolated => mount(Some("sysfs"), "/sys", Some("sysfs"), read_only, None)?,
-        Network::Runner => mount(
+        Network::Isolated if !joined => {
+            mount(Some("sysfs"), "/sys", Some("sysfs"), read_only, None)?
+        }
+        Network::Isolated | Network::Runner => mount(
             Some("tmpfs"),
             "/sys",
             Some("tmpfs"),
@@ -603,7 +609,8 @@ pub(crate) fn rootfs(
     steps.push(Step::Hostname {
         name: c(&config.hostname)?,
     });
-    if spec.network == Network::Isolated {
+    // A kind's namespace has `lo` up already, and the run could not.
+    if spec.network == Network::Isolated && !joined {
         steps.push(Step::LoopbackUp);
     }
     Ok(steps)

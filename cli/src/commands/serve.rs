@@ -262,6 +262,13 @@ fn start_runner(args: &ServeArgs) -> anyhow::Result<Arc<Runner>> {
         crate::support::VERSION
     );
     tracing::info!(limits = %runner.limit_support(), "limits this host can enforce");
+    if args.sandbox.network_namespace == crate::config::NetworkNamespaceArg::PerKind
+        && !runner.shares_network_namespaces()
+    {
+        tracing::info!(
+            "--network-namespace per-kind needs CAP_SYS_ADMIN (a root runner): each call gets its own network namespace"
+        );
+    }
     Ok(Arc::new(runner))
 }
 

@@ -35,6 +35,20 @@ pub(crate) enum Place<'a> {
     After,
 }
 
+/// Which network namespace init starts in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Net<'a> {
+    /// A new one (`CLONE_NEWNET`), owned by init's new user namespace.
+    New,
+    /// The cloning process's own.
+    Runner,
+    /// An existing one, a kind's (see `netns`): the cloning thread enters it
+    /// for the clone and goes back to its own right after, so that init
+    /// starts there without `CLONE_NEWNET` and its new user namespace owns
+    /// nothing of it.
+    Join(BorrowedFd<'a>),
+}
+
 /// Why [`clone_init`] did not clone init.
 #[derive(Debug)]
 pub(crate) enum CloneError {
@@ -52,15 +66,15 @@ pub(crate) enum CloneError {
 /// to (Linux 5.7; libc's constant is a truncated `c_int`).
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// Clones init for `init` into new namespaces (a new network namespace when
-/// `isolated`), as this process's sibling when `sibling` (the spawner: its
+/// Clones init for `init` into new namespaces (and the network namespace
+/// `net` says), as this process's sibling when `sibling` (the spawner: its
 /// parent stays init's parent), placed as `place` says.
 ///
 /// Not async, and nothing else runs on the calling thread meanwhile: a thread
 /// that moved itself into a run's cgroup leaves it before it returns.
 pub(crate) fn clone_init(
     init: &Init<'_>,
-    isolated: bool,
+    net: Net<'_>,
     sibling: bool,
     place: &Place<'_>,
 ) -> Result<Launched, CloneError> {
@@ -70,7 +84,7 @@ pub(crate) fn clone_init(
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
         | libc::CLONE_PIDFD;
-    if isolated {
+    if let Net::New = net {
         flags |= libc::CLONE_NEWNET;
     }
     if sibling {
@@ -102,8 +116,23 @@ pub(crate) fn clone_init(
             .iter()
             .try_for_each(|f| sys::write_all(f.as_raw_fd(), b"0"))
     };
+    // The way back to this thread's own network namespace, taken before
+    // it leaves it.
+    let home = match net {
+        Net::Join(ns) => {
+            let home = sys::open_cloexec(c"/proc/thread-self/ns/net").map_err(CloneError::Clone)?;
+            sys::setns(ns.as_raw_fd(), libc::CLONE_NEWNET).map_err(CloneError::Clone)?;
+            Some(home)
+        }
+        Net::New | Net::Runner => None,
+    };
+    let net_home = || match &home {
+        Some(home) => sys::setns(home.as_raw_fd(), libc::CLONE_NEWNET),
+        None => Ok(()),
+    };
     for f in enter {
         if let Err(e) = sys::write_all(f.as_raw_fd(), b"0") {
+            let _ = net_home();
             return Err(match go_home() {
                 Ok(()) => CloneError::Enter(e),
                 Err(e) => CloneError::Leave(e, None),
@@ -126,7 +155,9 @@ pub(crate) fn clone_init(
     if let Ok(0) = cloned {
         init::init_main(init);
     }
-    let left = go_home();
+    // Back in this thread's own network namespace, then its own cgroups.
+    let net_back = net_home();
+    let left = go_home().and(net_back);
     let pid = match cloned {
         Ok(pid) => pid,
         Err(e) => {

@@ -17,14 +17,15 @@ use nix::errno::Errno;
 use nix::sys::wait::{Id, WaitPidFlag};
 
 pub(crate) use self::clone::Launched;
+pub(crate) use self::clone::Net;
 use self::clone::{CloneError, Place};
 pub(crate) use self::seam::{Direct, Failure, Launcher, Request};
 pub(crate) use self::spawner::Spawner;
+use crate::SandboxConfig;
 use crate::cgroup::{CgroupError, Placement, RunCgroup};
 use crate::error::Error;
 use crate::init::InitFds;
 use crate::plan::Plan;
-use crate::{Network, SandboxConfig};
 
 /// The launcher `config` asks for.
 pub(crate) fn launcher(config: &SandboxConfig) -> Box<dyn Launcher> {
@@ -42,7 +43,7 @@ pub(crate) fn launch(
     launcher: &dyn Launcher,
     plan: &Plan,
     fds: InitFds,
-    network: Network,
+    net: Net<'_>,
     cgroup: Option<&dyn RunCgroup>,
 ) -> Result<Launched, Error> {
     let placement = match cgroup {
@@ -70,7 +71,7 @@ pub(crate) fn launch(
     let request = Request {
         plan,
         fds,
-        network,
+        net,
         place,
     };
     match launcher.clone_init(&request) {
@@ -81,7 +82,13 @@ pub(crate) fn launch(
                 // Killed before it was released; this process reaps it.
                 let _ = nix::sys::wait::waitid(Id::PIDFd(pidfd.as_fd()), WaitPidFlag::WEXITED);
             }
-            Err(moved("move the cloning thread out of", e))
+            match cgroup {
+                Some(_) => Err(moved("move the cloning thread out of", e)),
+                // Only a kind's network namespace was left (see `Net::Join`).
+                None => Err(Error::errno(
+                    "clone init: return to the runner's network namespace",
+                )(e)),
+            }
         }
         Err(Failure::Init(CloneError::Clone(e))) => Err(Error::errno("clone3")(e)),
         Err(Failure::SpawnerDied(e)) => Err(Error::errno(

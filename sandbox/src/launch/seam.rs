@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use nix::errno::Errno;
 
-use super::clone::{self, CloneError, Launched, Place};
-use crate::Network;
+use super::clone::{self, CloneError, Launched, Net, Place};
 use crate::init::{Init, InitFds};
 use crate::plan::Plan;
 
@@ -32,7 +31,7 @@ impl From<CloneError> for Failure {
 pub(crate) struct Request<'a> {
     pub plan: &'a Plan,
     pub fds: InitFds,
-    pub network: Network,
+    pub net: Net<'a>,
     pub place: Place<'a>,
 }
 
@@ -157,7 +156,12 @@ impl Launcher for Direct {
     fn clone_init(&self, request: &Request<'_>) -> Result<Launched, Failure> {
         let plan = request.plan.clone();
         let fds = request.fds;
-        let isolated = request.network == Network::Isolated;
+        // The kind's namespace, as a number, as the place's descriptors.
+        let net = match request.net {
+            Net::New => None,
+            Net::Runner => Some(-1),
+            Net::Join(fd) => Some(fd.as_raw_fd()),
+        };
         let place = RawPlace::of(&request.place);
         let seccomp = self.seccomp.clone();
         let (answer, answered) = mpsc::sync_channel(1);
@@ -166,7 +170,13 @@ impl Launcher for Direct {
             // SAFETY: the caller of `clone_init` owns the place's descriptors
             // and holds them open until it has this answer.
             let place = unsafe { place.place() };
-            let _ = answer.send(clone::clone_init(&init, isolated, false, &place));
+            let net = match net {
+                None => Net::New,
+                Some(-1) => Net::Runner,
+                // SAFETY: as above.
+                Some(fd) => Net::Join(unsafe { BorrowedFd::borrow_raw(fd) }),
+            };
+            let _ = answer.send(clone::clone_init(&init, net, false, &place));
         });
         if !self.on_clone_thread(job) {
             return Err(Failure::Init(CloneError::Clone(Errno::EAGAIN)));

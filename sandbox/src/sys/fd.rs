@@ -86,3 +86,12 @@ pub fn readable_now(fd: RawFd) -> SysResult<bool> {
         }
     }
 }
+
+/// Opens `path` read-only, close-on-exec.
+pub fn open_cloexec(path: &std::ffi::CStr) -> SysResult<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: open(2) of a NUL-terminated path.
+    let fd = check_int(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}

@@ -308,3 +308,10 @@ pub fn exec_with_fd3(fd: RawFd, path: &CStr, argv: &[*const libc::c_char]) -> Er
     unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
     Errno::last()
 }
+
+/// setns(2): moves the calling thread into the namespace `fd` refers to
+/// (`nstype`: which kind it must be).
+pub fn setns(fd: RawFd, nstype: libc::c_int) -> SysResult<()> {
+    // SAFETY: integer arguments only.
+    check_int(unsafe { libc::setns(fd, nstype) }).map(drop)
+}

@@ -533,7 +533,7 @@ fn concurrent_spawns_while_other_threads_allocate() {
 #[test]
 fn plan_builds_the_root_in_a_safe_order() {
     let fx = Fixture::new();
-    let steps = crate::steps::rootfs(fx.sandbox.config(), &fx.spec("true"), "t").unwrap();
+    let steps = crate::steps::rootfs(fx.sandbox.config(), &fx.spec("true"), "t", false).unwrap();
     let described: Vec<String> = steps.iter().map(Step::describe).collect();
     let pos = |needle: &str| {
         described
@@ -630,7 +630,9 @@ async fn without_seccomp_the_same_calls_reach_the_kernel() {
 
 #[tokio::test]
 async fn proc_sys_and_dev_are_masked_or_read_only() {
-    let fx = Fixture::new();
+    // A run's own network namespace, for a fresh sysfs whose paths to mask
+    // exist (in a kind's, `/sys` is an empty tmpfs: see `netns`).
+    let fx = Fixture::with(|c| c.network_namespaces = crate::NetworkNamespaces::PerRun);
     let out = fx
         .sh("echo x > /proc/sys/kernel/hostname; echo hostname=$?; \
              echo x > /proc/sysrq-trigger; echo sysrq=$?; \
@@ -784,13 +786,19 @@ fn a_mask_goes_by_the_type_of_its_path() {
 
 #[tokio::test]
 async fn sys_is_a_read_only_sysfs_or_empty() {
-    let fx = Fixture::new();
+    let mut fx = Fixture::with(|c| c.network_namespaces = crate::NetworkNamespaces::PerRun);
     let out = fx.sh("ls /sys/class/net; ls /sys/fs/cgroup | wc -l").await;
     assert_eq!(text(&out.stdout), "lo\n0\n", "{}", text(&out.stderr_tail));
     let mut spec = fx.spec("ls -A /sys | wc -l");
     spec.network = Network::Runner;
     let out = fx.sandbox.run(&spec, b"", TIMEOUT).await.unwrap();
     assert_eq!(text(&out.stdout), "0\n", "{}", text(&out.stderr_tail));
+    // In a kind's network namespace (root), an empty tmpfs too.
+    fx.reconfigure(|c| c.network_namespaces = crate::NetworkNamespaces::PerKind);
+    if fx.sandbox.shares_network_namespaces() {
+        let out = fx.sh("ls -A /sys | wc -l; echo x > /sys/x; echo $?").await;
+        assert_eq!(text(&out.stdout), "0\n1\n", "{}", text(&out.stderr_tail));
+    }
 }
 
 #[tokio::test]
@@ -1620,6 +1628,7 @@ async fn an_image_of_127_layers_runs() {
 }
 
 mod mounts;
+mod netns;
 mod prepared;
 mod service;
 

@@ -31,7 +31,7 @@ fn plan_clones_sources_first_and_attaches_targets_after_the_host_root_is_gone() 
         BindMount::new(&data, "/a", true).unwrap(),
     ];
     let spec = with_mounts(&fx, "true", mounts);
-    let steps = crate::steps::rootfs(fx.sandbox.config(), &spec, "t").unwrap();
+    let steps = crate::steps::rootfs(fx.sandbox.config(), &spec, "t", false).unwrap();
     let described: Vec<String> = steps.iter().map(Step::describe).collect();
     let pos = |needle: &str| {
         described
@@ -65,7 +65,7 @@ fn plan_clones_sources_first_and_attaches_targets_after_the_host_root_is_gone() 
             BindMount::new(&data, "/a/", true).unwrap(),
         ],
     );
-    let err = crate::steps::rootfs(fx.sandbox.config(), &twice, "t").unwrap_err();
+    let err = crate::steps::rootfs(fx.sandbox.config(), &twice, "t", false).unwrap_err();
     assert!(
         err.to_string().contains("two bind mounts on \"/a\""),
         "{err}"
@@ -77,7 +77,7 @@ fn plan_clones_sources_first_and_attaches_targets_after_the_host_root_is_gone() 
             .map(|i| BindMount::new(&data, &format!("/m{i}"), false).unwrap())
             .collect(),
     );
-    let err = crate::steps::rootfs(fx.sandbox.config(), &many, "t").unwrap_err();
+    let err = crate::steps::rootfs(fx.sandbox.config(), &many, "t", false).unwrap_err();
     assert!(
         err.to_string().contains("33 bind mounts; at most 32"),
         "{err}"

@@ -49,7 +49,7 @@ use self::protocol::{
 pub use self::serve::run_if_asked;
 use super::clone::{CloneError, Launched};
 use super::seam::{Direct, Failure, Launcher, Request};
-use crate::{Network, sys};
+use crate::sys;
 
 /// How long the runner waits for a reply before it gives the spawner up.
 const REPLY_TIMEOUT_SECS: i64 = 30;
@@ -191,11 +191,11 @@ impl Spawner {
 
 impl Launcher for Spawner {
     fn clone_init(&self, request: &Request<'_>) -> Result<Launched, Failure> {
-        let isolated = request.network == Network::Isolated;
-        let taken = Header::of(isolated, request.fds, &request.place).and_then(|(header, fds)| {
-            let body = protocol::encode_request(&header, request.plan);
-            (body.len() <= MAX_REQUEST && fds.len() <= MAX_FDS).then_some((body, fds))
-        });
+        let taken =
+            Header::of(request.net, request.fds, &request.place).and_then(|(header, fds)| {
+                let body = protocol::encode_request(&header, request.plan);
+                (body.len() <= MAX_REQUEST && fds.len() <= MAX_FDS).then_some((body, fds))
+            });
         if let Some((body, fds)) = taken
             && let Some(launched) = self.exchange(&body, &fds)?
         {

@@ -4,7 +4,8 @@
 //!
 //! - First, once: a [`Hello`] with the seccomp program of every plan.
 //! - Then per launch: a [`Header`] and the [`Plan`], with init's descriptors
-//!   ([`InitFds::to_vec`]'s order) and then the placement's ([`PlaceKind`]
+//!   ([`InitFds::to_vec`]'s order), the kind's network namespace when init
+//!   joins one ([`NetKind::Join`]), and then the placement's ([`PlaceKind`]
 //!   says how many).
 //! - The answer: a [`Reply`], with init's pidfd when there is one.
 
@@ -13,7 +14,7 @@ use std::os::fd::{AsFd, OwnedFd, RawFd};
 use serde::{Deserialize, Serialize};
 
 use crate::init::InitFds;
-use crate::launch::clone::Place;
+use crate::launch::clone::{Net, Place};
 use crate::plan::Plan;
 
 /// The largest encoded request sent to the spawner; larger ones are cloned
@@ -83,11 +84,19 @@ pub(crate) enum PlaceKind {
     After,
 }
 
+/// Which network namespace init starts in ([`Net`], without its descriptor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum NetKind {
+    New,
+    Runner,
+    /// The one descriptor after init's.
+    Join,
+}
+
 /// A launch, besides its plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Header {
-    /// A new network namespace.
-    pub isolated: bool,
+    pub net: NetKind,
     /// Init's descriptors include the sockets channel (a service run).
     pub sockets: bool,
     pub place: PlaceKind,
@@ -95,9 +104,17 @@ pub(crate) struct Header {
 
 impl Header {
     /// The header of a launch and the descriptors that go with it.
-    pub fn of(isolated: bool, fds: InitFds, place: &Place<'_>) -> Option<(Header, Vec<RawFd>)> {
+    pub fn of(net: Net<'_>, fds: InitFds, place: &Place<'_>) -> Option<(Header, Vec<RawFd>)> {
         use std::os::fd::AsRawFd;
         let mut raw = fds.to_vec();
+        let net = match net {
+            Net::New => NetKind::New,
+            Net::Runner => NetKind::Runner,
+            Net::Join(fd) => {
+                raw.push(fd.as_raw_fd());
+                NetKind::Join
+            }
+        };
         let place = match place {
             Place::Into(fd) => {
                 raw.push(fd.as_raw_fd());
@@ -113,21 +130,31 @@ impl Header {
             Place::After => PlaceKind::After,
         };
         let header = Header {
-            isolated,
+            net,
             sockets: fds.sockets.is_some(),
             place,
         };
         Some((header, raw))
     }
 
-    /// Init's descriptors and the placement, from the descriptors received
-    /// with this header; `None` if they do not match it.
-    pub fn split<'a>(&self, fds: &'a [OwnedFd]) -> Option<(InitFds, Place<'a>)> {
+    /// Init's descriptors, its network namespace and the placement, from
+    /// the descriptors received with this header; `None` if they do not
+    /// match it.
+    pub fn split<'a>(&self, fds: &'a [OwnedFd]) -> Option<(InitFds, Net<'a>, Place<'a>)> {
         use std::os::fd::AsRawFd;
         let n_init = if self.sockets { 6 } else { 5 };
-        let (init, rest) = (fds.get(..n_init)?, &fds[n_init..]);
+        let (init, mut rest) = (fds.get(..n_init)?, &fds[n_init..]);
         let raw: Vec<RawFd> = init.iter().map(AsRawFd::as_raw_fd).collect();
         let init = InitFds::from_slice(&raw)?;
+        let net = match self.net {
+            NetKind::New => Net::New,
+            NetKind::Runner => Net::Runner,
+            NetKind::Join => {
+                let (ns, after) = rest.split_first()?;
+                rest = after;
+                Net::Join(ns.as_fd())
+            }
+        };
         let place = match self.place {
             PlaceKind::Into if rest.len() == 1 => Place::Into(rest[0].as_fd()),
             PlaceKind::Move { enter, leave }
@@ -142,7 +169,7 @@ impl Header {
             PlaceKind::After if rest.is_empty() => Place::After,
             _ => return None,
         };
-        Some((init, place))
+        Some((init, net, place))
     }
 }
 
@@ -206,6 +233,8 @@ pub(crate) const MAX_REPLY: usize = 32;
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
+
     use super::*;
     use crate::steps::Step;
 
@@ -259,7 +288,7 @@ mod tests {
             seccomp: true,
         };
         let header = Header {
-            isolated: true,
+            net: NetKind::Join,
             sockets: false,
             place: PlaceKind::Move { enter: 5, leave: 5 },
         };
@@ -278,14 +307,15 @@ mod tests {
         let devnull = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         let fds: Vec<OwnedFd> = (0..7).map(|_| devnull()).collect();
         let header = |sockets, place| Header {
-            isolated: false,
+            net: NetKind::New,
             sockets,
             place,
         };
-        let (init, place) = header(true, PlaceKind::Into).split(&fds).unwrap();
+        let (init, net, place) = header(true, PlaceKind::Into).split(&fds).unwrap();
         assert!(init.sockets.is_some());
+        assert!(matches!(net, Net::New));
         assert!(matches!(place, Place::Into(_)));
-        let (init, place) = header(false, PlaceKind::Move { enter: 1, leave: 1 })
+        let (init, _, place) = header(false, PlaceKind::Move { enter: 1, leave: 1 })
             .split(&fds)
             .unwrap();
         assert!(init.sockets.is_none());
@@ -295,5 +325,19 @@ mod tests {
         assert!(header(false, PlaceKind::After).split(&fds).is_none());
         assert!(header(true, PlaceKind::After).split(&fds[..6]).is_some());
         assert!(header(true, PlaceKind::After).split(&fds[..5]).is_none());
+        // A kind's namespace is the one descriptor after init's.
+        let joins = |sockets, place| Header {
+            net: NetKind::Join,
+            sockets,
+            place,
+        };
+        let (_, net, place) = joins(false, PlaceKind::Into).split(&fds).unwrap();
+        let Net::Join(ns) = net else {
+            panic!("not joined: {net:?}")
+        };
+        assert_eq!(ns.as_raw_fd(), fds[5].as_raw_fd());
+        assert!(matches!(place, Place::Into(p) if p.as_raw_fd() == fds[6].as_raw_fd()));
+        assert!(joins(true, PlaceKind::Into).split(&fds[..7]).is_none());
+        assert!(joins(true, PlaceKind::After).split(&fds[..6]).is_none());
     }
 }

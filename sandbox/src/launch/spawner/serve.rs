@@ -146,11 +146,11 @@ fn handle(
     let Some((header, plan)) = protocol::decode_request(body) else {
         return (failed(FailedAt::Request, Errno::EPROTO), None);
     };
-    let Some((init_fds, place)) = header.split(fds) else {
+    let Some((init_fds, net, place)) = header.split(fds) else {
         return (failed(FailedAt::Request, Errno::EPROTO), None);
     };
     let init = Init::new(&plan, init_fds, seccomp);
-    match clone::clone_init(&init, header.isolated, true, &place) {
+    match clone::clone_init(&init, net, true, &place) {
         Ok(l) => (
             Reply::Cloned {
                 pid: l.pid,
