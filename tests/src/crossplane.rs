@@ -5,7 +5,8 @@
 //!   the normal `function-label` and misbehaving [`Variant`]s, run on the host
 //!   ([`GoFunction::start`]) or packaged as an image ([`GoFunction::image`]:
 //!   busybox, the static binary at `/function`, `User: 65532`).
-//! - [`UpstreamFunction`]: released functions ([`PATCH_AND_TRANSFORM`]) built
+//! - [`UpstreamFunction`]: released functions ([`PATCH_AND_TRANSFORM`],
+//!   [`AUTO_READY`]) built
 //!   from their module sources and packaged as Crossplane packages, with the
 //!   `package.yaml` layer Crossplane's package manager reads
 //!   ([`package_image`], the one packaging harness).
@@ -100,8 +101,8 @@ pub use self::kubernetes::{
     crossplane_binary, loopback_ip,
 };
 pub use self::package::{
-    CROSSPLANE_CONSTRAINT, PATCH_AND_TRANSFORM, UpstreamFunction, XPKG_ANNOTATION, package_image,
-    package_yaml,
+    AUTO_READY, CROSSPLANE_CONSTRAINT, PATCH_AND_TRANSFORM, UpstreamFunction, XPKG_ANNOTATION,
+    package_image, package_yaml,
 };
 pub use self::python_sdk::{
     PYTHON_SDK_ANNOTATION, PYTHON_SDK_ENTRYPOINT, PYTHON_SDK_NAME, PYTHON_SDK_TAG, python_sdk_image,
