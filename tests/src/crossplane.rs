@@ -15,6 +15,10 @@
 //! - [`Core`]: the real Crossplane core ([`CROSSPLANE_VERSION`], built from
 //!   its module) out of cluster on the tests' Kubernetes control plane
 //!   ([`crate::kube::ControlPlane`]), with the External function runtime.
+//! - [`pod::Crossplane`]: the same core as a user installs it into a cluster
+//!   (the Helm chart's objects), as a pod on the tests' Kubernetes node
+//!   ([`crate::node::Node`]), with the External or the Deployment function
+//!   runtime.
 //! - [`python_sdk_image`]: a function written with the real
 //!   `crossplane-function-sdk-python`, packaged with its interpreter, stdlib,
 //!   packages and shared libraries in an image without busybox, cached.
@@ -83,6 +87,7 @@ pub mod controller;
 mod go_function;
 mod kubernetes;
 mod package;
+pub mod pod;
 mod python_sdk;
 pub mod render;
 pub mod xr;
