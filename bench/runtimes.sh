@@ -22,10 +22,15 @@
 #                                 # 3 XRs one at a time, 30 at once
 #   IDLE_MINUTES=3 BENCH_SIZES=1,10 bench/runtimes.sh
 #
+# fnrun is the static release build scripts/build-image makes, built here
+# first ($CARGO_TARGET_DIR/image/HOST/release/fnrun) and given to it as
+# FNRUN_BINARY, outside the node's lock.
+#
 # Knobs (environment): IDLE_MINUTES (10; fractions allowed), BENCH_SIZES
 # (1,10,30; growing), BENCH_RUNTIMES (Deployment,External), BENCH_COMPOSE_XRS
 # (5), BENCH_THROUGHPUT_XRS (100), QUICK=1 (the defaults above become 1,10 /
-# 1 minute / 3 / 30), CARGO_TARGET_DIR (this checkout's target/), OUT.
+# 1 minute / 3 / 30), CARGO_TARGET_DIR (this checkout's target/), SKIP_BUILD=1
+# (use the static fnrun already built), OUT.
 # Results: bench/results/runtimes-<stamp>/runtimes.json (the test's JSON),
 # table.md (its markdown table), machine.json, summary.txt (the table, the
 # load average and the busiest processes at the start and the end); the
@@ -60,6 +65,15 @@ load() {
   echo "$1: loadavg $(cut -d' ' -f1-3 /proc/loadavg); busiest processes (%CPU since their start):"
   ps -eo pcpu=,comm= --sort=-pcpu | head -n 5 | sed 's/^/    /'
 }
+
+HOST=$(rustc -vV | sed -n 's/host: //p')
+export FNRUN_BINARY=$CARGO_TARGET_DIR/image/$HOST/release/fnrun
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  log "building fnrun (release, static, as scripts/build-image builds it)"
+  RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR=$CARGO_TARGET_DIR/image \
+    cargo build -q --profile release -p fnrun --target "$HOST"
+fi
+[ -x "$FNRUN_BINARY" ] || { echo "bench/runtimes.sh: $FNRUN_BINARY is missing" >&2; exit 1; }
 
 mkdir -p "$OUT"
 # shellcheck source=bench/common.sh
