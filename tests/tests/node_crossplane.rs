@@ -13,8 +13,11 @@
 //! kube-proxy) with its client certificate (mTLS).
 //!
 //! - [`crossplane_composes_through_fnruns_replicas_on_the_node`]: the default
-//!   (unprivileged) variant, two replicas: an XR composed and Ready; then 40
-//!   XRs created and updated while the replica that serves is deleted, and
+//!   (unprivileged) variant, two replicas: an XR composed and Ready; a
+//!   Function with a DeploymentRuntimeConfig's memory limit is
+//!   `RuntimeHealthy` False (the limit cannot be enforced: no writable
+//!   cgroup on a cgroup v1 node) and its calls are refused; then 40 XRs
+//!   created and updated while the replica that serves is deleted, and
 //!   again during a rolling update of fnrun (`kubectl rollout restart`):
 //!   every XR ends Ready with its composed ConfigMap as last asked, and the
 //!   replicas' `/metrics` show which served.
@@ -22,6 +25,11 @@
 //!   `deploy/crossplane/privileged/deployment.yaml`: an XR composed through
 //!   it, and a DeploymentRuntimeConfig's memory limit set on the function's
 //!   cgroup.
+//! - [`crossplanes_deployment_runtime_composes_on_the_node`]: Crossplane's
+//!   own runtime (`--package-runtime=Function=Deployment`), as `bench/`
+//!   compares fnrun with: the same package Healthy through the Deployment
+//!   Crossplane makes (its image pulled by containerd from the registry on
+//!   the node's address), an XR composed through it.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -33,7 +41,7 @@ use fnrun_tests::crossplane::xr::{
 };
 use fnrun_tests::crossplane::{NAMESPACE, PATCH_AND_TRANSFORM};
 use fnrun_tests::node::{FNRUN_IMAGE, HostState, NODE_IP, Node, Options, fnrun_image_archive};
-use fnrun_tests::registry::{Registry, http_get};
+use fnrun_tests::registry::{Registry, http_get_within};
 
 /// One test at a time: each compares the host before and after its node.
 static ONE_NODE: Mutex<()> = Mutex::new(());
@@ -220,7 +228,8 @@ impl Bed {
 /// The successful calls to function-patch-and-transform that the fnrun at
 /// `ip` counted (`fnrun_function_calls_total`, code OK), if it answers.
 fn calls_served(ip: &str) -> Option<u64> {
-    let (code, body) = http_get(&format!("{ip}:9090"), "/metrics").ok()?;
+    let (code, body) =
+        http_get_within(&format!("{ip}:9090"), "/metrics", Duration::from_secs(2)).ok()?;
     if code != 200 {
         return None;
     }
@@ -369,7 +378,7 @@ fn crossplane_composes_through_fnruns_replicas_on_the_node() {
     eprintln!("[{:?}] the first XR composed", t0.elapsed());
 
     // A DeploymentRuntimeConfig's memory limit, which this variant cannot
-    // enforce on a cgroup v1 node: what the revision and a call say.
+    // enforce on a cgroup v1 node: the revision and a call say so.
     let rev = install_limited(&bed);
     let runtime_healthy = rev["status"]["conditions"]
         .as_array()
@@ -379,6 +388,14 @@ fn crossplane_composes_through_fnruns_replicas_on_the_node() {
         .cloned()
         .unwrap();
     eprintln!("the limited revision's RuntimeHealthy: {runtime_healthy}");
+    // The revision says the limit cannot be enforced here, not only the call.
+    assert_eq!(runtime_healthy["status"], "False", "{runtime_healthy}");
+    assert!(
+        runtime_healthy["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("memory limit cannot be enforced")),
+        "{runtime_healthy}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let ip = bed.pods().into_values().next().unwrap();
     let code = call_limited(&bed, &ip, dir.path());
@@ -386,6 +403,9 @@ fn crossplane_composes_through_fnruns_replicas_on_the_node() {
         "a call to the limited Function: {code:?}; its servers: {:?}",
         limited_servers()
     );
+    // Refused, not run without its limit.
+    assert_eq!(code, tonic::Code::FailedPrecondition, "{}", bed.describe());
+    assert_eq!(limited_servers(), Vec::new());
 
     // Load, and the replica that serves deleted meanwhile.
     const N: usize = 40;
