@@ -17,8 +17,8 @@
 #
 #   bench/runtimes.sh             # the full comparison: 1, 10, 30 Functions,
 #                                 # 10 idle minutes per size and runtime
-#                                 # (about 2 hours)
-#   QUICK=1 bench/runtimes.sh     # 1 and 10 Functions, 1 idle minute,
+#                                 # (about an hour and a half)
+#   QUICK=1 bench/runtimes.sh     # 1 and 10 Functions, 1 idle minute (~20 min),
 #                                 # 3 XRs one at a time, 30 at once
 #   IDLE_MINUTES=3 BENCH_SIZES=1,10 bench/runtimes.sh
 #
