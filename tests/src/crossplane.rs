@@ -5,7 +5,8 @@
 //!   the normal `function-label` and misbehaving [`Variant`]s, run on the host
 //!   ([`GoFunction::start`]) or packaged as an image ([`GoFunction::image`]:
 //!   busybox, the static binary at `/function`, `User: 65532`).
-//! - [`UpstreamFunction`]: released functions ([`PATCH_AND_TRANSFORM`]) built
+//! - [`UpstreamFunction`]: released functions ([`PATCH_AND_TRANSFORM`],
+//!   [`AUTO_READY`]) built
 //!   from their module sources and packaged as Crossplane packages, with the
 //!   `package.yaml` layer Crossplane's package manager reads
 //!   ([`package_image`], the one packaging harness).
@@ -14,6 +15,10 @@
 //! - [`Core`]: the real Crossplane core ([`CROSSPLANE_VERSION`], built from
 //!   its module) out of cluster on the tests' Kubernetes control plane
 //!   ([`crate::kube::ControlPlane`]), with the External function runtime.
+//! - [`pod::Crossplane`]: the same core as a user installs it into a cluster
+//!   (the Helm chart's objects), as a pod on the tests' Kubernetes node
+//!   ([`crate::node::Node`]), with the External or the Deployment function
+//!   runtime.
 //! - [`python_sdk_image`]: a function written with the real
 //!   `crossplane-function-sdk-python`, packaged with its interpreter, stdlib,
 //!   packages and shared libraries in an image without busybox, cached.
@@ -82,6 +87,7 @@ pub mod controller;
 mod go_function;
 mod kubernetes;
 mod package;
+pub mod pod;
 mod python_sdk;
 pub mod render;
 pub mod xr;
@@ -100,8 +106,8 @@ pub use self::kubernetes::{
     crossplane_binary, loopback_ip,
 };
 pub use self::package::{
-    CROSSPLANE_CONSTRAINT, PATCH_AND_TRANSFORM, UpstreamFunction, XPKG_ANNOTATION, package_image,
-    package_yaml,
+    AUTO_READY, CROSSPLANE_CONSTRAINT, PATCH_AND_TRANSFORM, UpstreamFunction, XPKG_ANNOTATION,
+    package_image, package_yaml,
 };
 pub use self::python_sdk::{
     PYTHON_SDK_ANNOTATION, PYTHON_SDK_ENTRYPOINT, PYTHON_SDK_NAME, PYTHON_SDK_TAG, python_sdk_image,

@@ -5,12 +5,16 @@
 //! their data, certificates and logs in a temp dir; both killed on drop.
 //!
 //! The API server runs with RBAC (`--authorization-mode=RBAC`), a serving
-//! certificate for `127.0.0.1` signed by a CA of the test's own, a
+//! certificate for `127.0.0.1` (and the in-cluster names of the `kubernetes`
+//! Service) signed by a CA of the test's own, a
 //! service-account token issuer with its own signing key (so that
 //! `kubectl create token` and the TokenRequest API work), and a static token
 //! for the tests' admin (`system:masters`), which the kubeconfig it writes
 //! ([`ControlPlane::kubeconfig`]) uses. There is no controller manager and no
 //! scheduler: objects are stored and served, Deployments make no Pods.
+//! It listens on loopback only, except for a test node's control plane
+//! ([`ControlPlane::start_on`]), which listens on the node's address only,
+//! so that its pods reach it through the `kubernetes` Service.
 //!
 //! ```no_run
 //! use fnrun_tests::kube::ControlPlane;
@@ -40,6 +44,18 @@ pub const KUBECTL: &str = "/usr/bin/kubectl";
 
 /// The service-account token issuer (as a cluster's default).
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// The `kubernetes` Service's address (the first of the service range).
+pub const SERVICE_IP: &str = "10.96.0.1";
+
+/// The names pods reach the API server by, which its serving certificate
+/// holds.
+pub const IN_CLUSTER_NAMES: [&str; 4] = [
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+];
 
 /// How long etcd and the API server may take to become ready.
 const STARTUP: Duration = Duration::from_secs(120);
@@ -73,6 +89,22 @@ impl ControlPlane {
     /// API server's `/readyz` answers `ok` (RBAC's bootstrap roles are then
     /// in place).
     pub fn start() -> Result<ControlPlane> {
+        ControlPlane::start_at("127.0.0.1")
+    }
+
+    /// [`ControlPlane::start`] with the API server bound to, and advertising,
+    /// `address` (an address of the host, such as a test node's, on its own
+    /// bridge: [`crate::node::NODE_IP`]) instead of loopback, so that the
+    /// `kubernetes` Service's endpoint is that address and pods reach the API
+    /// through the Service. Its serving certificate names `address`,
+    /// loopback, the Service's address ([`SERVICE_IP`]) and its in-cluster
+    /// names (`kubernetes`, `kubernetes.default`, ...), as a cluster's does.
+    /// The interface that holds `address` must be up before this.
+    pub fn start_on(address: &str) -> Result<ControlPlane> {
+        ControlPlane::start_at(address)
+    }
+
+    fn start_at(address: &str) -> Result<ControlPlane> {
         let etcd_bin = etcd_binary()?;
         let apiserver_bin = apiserver_binary()?;
         let dir = tempfile::Builder::new()
@@ -116,7 +148,12 @@ impl ControlPlane {
         // The API server's PKI: a CA, its serving certificate, the
         // service-account signing key, the admin's token.
         let ca = Ca::new("fnrun-test-kubernetes-ca")?;
-        let serving = ca.server(&["127.0.0.1", "localhost"])?;
+        let mut names = vec!["127.0.0.1", "localhost"];
+        if address != "127.0.0.1" {
+            names.push(address);
+        }
+        names.extend([SERVICE_IP].iter().chain(&IN_CLUSTER_NAMES));
+        let serving = ca.server(&names)?;
         let sa_key = KeyPair::generate()?;
         fs::write(path("ca.crt"), ca.cert_pem())?;
         fs::write(path("apiserver.crt"), &serving.cert_pem)?;
@@ -129,12 +166,12 @@ impl ControlPlane {
         )?;
 
         let port = free_port()?;
-        cp.url = format!("https://127.0.0.1:{port}");
+        cp.url = format!("https://{address}:{port}");
         let apiserver = spawn(
             Command::new(&apiserver_bin)
                 .arg(format!("--etcd-servers={client}"))
-                .arg("--bind-address=127.0.0.1")
-                .arg("--advertise-address=127.0.0.1")
+                .arg(format!("--bind-address={address}"))
+                .arg(format!("--advertise-address={address}"))
                 .arg(format!("--secure-port={port}"))
                 .arg(format!("--cert-dir={}", path("apiserver-certs").display()))
                 .arg(format!(
@@ -181,7 +218,7 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    /// `https://127.0.0.1:PORT`
+    /// `https://ADDRESS:PORT` (`127.0.0.1` unless [`ControlPlane::start_on`]).
     pub fn url(&self) -> &str {
         &self.url
     }

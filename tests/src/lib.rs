@@ -28,7 +28,9 @@
 //!   their modules, RBAC, a service-account token issuer) and `kubectl`.
 //! - [`node`]: a real Kubernetes node on that control plane (containerd,
 //!   runc, kubelet, kube-proxy, CoreDNS, CNI; kube-controller-manager and
-//!   kube-scheduler on demand), cleaned up to the last sysctl when stopped.
+//!   kube-scheduler on demand), cleaned up to the last sysctl when stopped;
+//!   [`pod_metrics`]: what its pods and their containerd shims use (memory
+//!   and CPU, from their cgroups and `/proc`).
 //! - [`crossplane`]: Crossplane v1 Function packages (servers on grpc-go and
 //!   function-sdk-go, one written with the real Python SDK) as images and host processes, a
 //!   grpc-go client that calls like Crossplane, sample requests;
@@ -59,6 +61,7 @@ pub mod java;
 pub mod krm;
 pub mod kube;
 pub mod node;
+pub mod pod_metrics;
 pub mod prebuild;
 pub mod process;
 pub mod python;

@@ -15,8 +15,14 @@
 //!
 //! The node's address is on a bridge of its own ([`BRIDGE`], [`NODE_IP`]),
 //! which the CNI bridge plugin then uses for the pods' network
-//! ([`POD_CIDR`]); the API server is on loopback. There is no scheduler and no
-//! controller manager: a test's Pods name the node (`spec.nodeName`).
+//! ([`POD_CIDR`]). The API server listens on that address
+//! ([`ControlPlane::start_on`]: made before it starts) and on no other, with a
+//! serving certificate for it and for the `kubernetes` Service's address and
+//! names: the Service's endpoint is real, kube-proxy routes the pods' calls to
+//! it, and a pod's in-cluster configuration (the ServiceAccount token kubelet
+//! projects, `kube-root-ca.crt`) works. Without [`Options::controllers`] there
+//! is no scheduler and no controller manager: a test's Pods name the node
+//! (`spec.nodeName`).
 //!
 //! Everything lives in a temp dir (state, configuration, logs), except what
 //! the programs hard-code (`/run/containerd/s`, `/var/lib/cni`,
@@ -110,6 +116,9 @@ pub const SYSCTLS: [&str; 10] = [
 /// so; unstamped they say `v0.0.0-master`).
 const KUBE_VERSION_LDFLAGS: &str = "-X k8s.io/component-base/version.gitVersion=v1.35.4 \
      -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35";
+
+/// fnrun's image in containerd, as [`fnrun_image_archive`] builds it.
+pub const FNRUN_IMAGE: &str = "fnrun.test/fnrun:dev";
 
 /// How long the node may take to become Ready.
 const STARTUP: Duration = Duration::from_secs(180);
@@ -335,13 +344,12 @@ impl Node {
         // iptables chains and sysctls.
         let lock = tool_cache::lock(Path::new("/run/lock"), "fnrun-test-node")?;
         let before = HostState::now();
-        let cp = ControlPlane::start()?;
         let dir = tempfile::Builder::new()
             .prefix("fnrun-node-")
             .tempdir()
             .context("cannot create the node's temp dir")?;
         let mut node = Node {
-            cp: Some(cp),
+            cp: None,
             containerd: None,
             kubelet: None,
             proxy: None,
@@ -362,6 +370,22 @@ impl Node {
     fn start_node(&mut self, options: Options) -> Result<()> {
         let root = self.dir.path().to_path_buf();
         let path = |name: &str| root.join(name);
+        // The node's bridge and address, before the API server binds it and
+        // before kubelet reads its interfaces' addresses.
+        if !links().iter().any(|l| l.starts_with(&format!("{BRIDGE} "))) {
+            check_output(Command::new("ip").args(["link", "add", BRIDGE, "type", "bridge"]))?;
+        }
+        check_output(Command::new("ip").args([
+            "addr",
+            "replace",
+            &format!("{NODE_IP}/24"),
+            "dev",
+            BRIDGE,
+        ]))?;
+        check_output(Command::new("ip").args(["link", "set", BRIDGE, "up"]))?;
+        // The control plane on the node's address: the `kubernetes`
+        // Service's endpoint, which kube-proxy routes the pods' calls to.
+        self.cp = Some(ControlPlane::start_on(NODE_IP)?);
         if options.controllers {
             self.start_controllers()?;
         }
@@ -380,20 +404,6 @@ impl Node {
                 }
             }
         }
-
-        // The node's bridge and address, before kubelet reads its
-        // interfaces' addresses.
-        if !links().iter().any(|l| l.starts_with(&format!("{BRIDGE} "))) {
-            check_output(Command::new("ip").args(["link", "add", BRIDGE, "type", "bridge"]))?;
-        }
-        check_output(Command::new("ip").args([
-            "addr",
-            "replace",
-            &format!("{NODE_IP}/24"),
-            "dev",
-            BRIDGE,
-        ]))?;
-        check_output(Command::new("ip").args(["link", "set", BRIDGE, "up"]))?;
 
         // CNI: the bridge plugin on that bridge, host-local addresses.
         let cni = serde_json::json!({
@@ -563,8 +573,9 @@ impl Node {
     }
 
     /// CoreDNS as a cluster has it: a Pod in `kube-system` (on the host's
-    /// network, since the API server is on loopback, reading the API with
-    /// its ServiceAccount's token and the RBAC that kubeadm grants it),
+    /// network, at the node's address, which the EndpointSlice below names;
+    /// reading the API with its ServiceAccount's token and the RBAC that
+    /// kubeadm grants it),
     /// behind the Service `kube-dns` at the `clusterDNS` address that
     /// kubelet gives every Pod. No controller manager makes the Service's
     /// EndpointSlice: it is written here, as that controller would.
@@ -775,6 +786,9 @@ disabled_plugins = [
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
 
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = "{certs_d}"
+
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = "{pause}"
 
@@ -807,6 +821,7 @@ disabled_plugins = [
             runc_root = d("runc"),
             cni_bin = CNI_BIN,
             conf_dir = self.dir.path().join("net.d").display(),
+            certs_d = self.dir.path().join("certs.d").display(),
         )
     }
 
@@ -857,6 +872,22 @@ disabled_plugins = [
             bail!("{reference} is not among containerd's images after the import:\n{listed}");
         }
         Ok(reference)
+    }
+
+    /// Lets containerd pull from the plain-HTTP registry at `addr`
+    /// (`HOST:PORT`, such as a [`crate::registry::Registry`] on [`NODE_IP`]),
+    /// as a cluster's containerd is told of a registry: a `hosts.toml` in its
+    /// registry configuration directory (read at each pull).
+    pub fn trust_registry(&self, addr: &str) -> Result<()> {
+        let dir = self.dir.path().join("certs.d").join(addr);
+        fs::create_dir_all(&dir)?;
+        fs::write(
+            dir.join("hosts.toml"),
+            format!(
+                "server = \"http://{addr}\"\n\n[host.\"http://{addr}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )?;
+        Ok(())
     }
 
     /// Creates in `namespace` what kube-controller-manager would: the
@@ -1314,4 +1345,36 @@ fn sysctls() -> BTreeMap<String, String> {
                 .map(|v| ((*name).to_owned(), v.trim().to_owned()))
         })
         .collect()
+}
+
+/// fnrun's image as `scripts/build-image` makes it (the dev profile, as
+/// tests/tests/deploy.rs builds it), tagged [`FNRUN_IMAGE`], written as an
+/// OCI archive into `dir` (for [`Node::import_archive`]); returns the
+/// archive.
+pub fn fnrun_image_archive(dir: &Path) -> Result<PathBuf> {
+    let repo = crate::workspace_root();
+    let archive = dir.join("fnrun.tar");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo.join("target"))
+        .join("image");
+    let out = run_capture(
+        Command::new(repo.join("scripts/build-image"))
+            .arg(FNRUN_IMAGE)
+            .env("CARGO_TARGET_DIR", &target)
+            .env("FNRUN_BUILDAH_ROOT", dir.join("root"))
+            .env("FNRUN_BUILDAH_RUNROOT", dir.join("runroot"))
+            .env("FNRUN_IMAGE_ARCHIVE", &archive)
+            .env("BUILDAH_ISOLATION", "chroot")
+            .env("CARGO_NET_OFFLINE", "true")
+            .env("FNRUN_CARGO_PROFILE", "dev")
+            .env("CARGO_INCREMENTAL", "0")
+            .env_remove("RUSTFLAGS"),
+        None,
+        Duration::from_secs(3600),
+    );
+    if out.code != Some(0) {
+        bail!("scripts/build-image failed: {out:?}");
+    }
+    Ok(archive)
 }

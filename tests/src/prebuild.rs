@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::crossplane::{self, PATCH_AND_TRANSFORM};
+use crate::crossplane::{self, AUTO_READY, PATCH_AND_TRANSFORM};
 use crate::tool_cache::Protos;
 
 /// One thing to build: its name and its builder.
@@ -61,6 +61,10 @@ pub fn large() -> Vec<Item> {
         Item {
             name: PATCH_AND_TRANSFORM.name,
             build: || PATCH_AND_TRANSFORM.image().map(drop),
+        },
+        Item {
+            name: AUTO_READY.name,
+            build: || AUTO_READY.image().map(drop),
         },
         Item {
             name: "crossplane CLI",

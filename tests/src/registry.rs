@@ -191,10 +191,20 @@ pub fn http_status(addr: &str, path: &str) -> Result<u16> {
     Ok(http_get(addr, path)?.0)
 }
 
-/// `GET path` over plain HTTP/1.0: the status code and the body.
+/// `GET path` over plain HTTP/1.0: the status code and the body (10 s to
+/// connect, 10 s per read).
 pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    http_get_within(addr, path, Duration::from_secs(10))
+}
+
+/// [`http_get`] with `timeout` to connect and per read: an address nothing
+/// answers at (a deleted pod's) fails within it.
+pub fn http_get_within(addr: &str, path: &str, timeout: Duration) -> Result<(u16, String)> {
+    let socket = std::net::ToSocketAddrs::to_socket_addrs(addr)?
+        .next()
+        .with_context(|| format!("{addr} resolves to no address"))?;
+    let mut stream = TcpStream::connect_timeout(&socket, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
     write!(
         stream,
         "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"

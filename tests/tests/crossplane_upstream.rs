@@ -4,13 +4,15 @@
 //! serve` and `fnrun serve --functions` and called as Crossplane calls them.
 //!
 //! function-patch-and-transform v0.10.7 (function-sdk-go v0.5.0, grpc-go
-//! 1.79) composes a ConfigMap patched from the composite resource.
+//! 1.79) composes a ConfigMap patched from the composite resource;
+//! function-auto-ready v0.7.0 (function-sdk-go v0.7.1) marks that ConfigMap
+//! ready once it is observed.
 
 use std::process::Command;
 
 use fnrun_tests::cli::Cli;
 use fnrun_tests::crossplane::{
-    CROSSPLANE_CONSTRAINT, Outcome, PATCH_AND_TRANSFORM, XPKG_ANNOTATION,
+    AUTO_READY, CROSSPLANE_CONSTRAINT, Outcome, PATCH_AND_TRANSFORM, XPKG_ANNOTATION,
 };
 use fnrun_tests::function_host::{Entry, FunctionHost, HostOpts};
 use fnrun_tests::process::check_output;
@@ -162,4 +164,76 @@ fn serve_functions_hosts_patch_and_transform_root_and_rootless() {
             .unwrap();
         assert_composed(&outcome, &what);
     }
+}
+
+/// A request as Crossplane sends function-auto-ready after
+/// patch-and-transform: the ConfigMap `settings` desired (readiness
+/// unspecified) and observed (it exists), and `other` desired but not
+/// observed yet.
+const AUTO_READY_REQUEST: &str = r#"
+meta: {tag: auto-ready-1}
+observed:
+  composite:
+    resource:
+      apiVersion: example.fnrun.dev/v1
+      kind: XApp
+      metadata: {name: demo, namespace: demo}
+      spec: {color: blue}
+  resources:
+    settings:
+      resource:
+        apiVersion: v1
+        kind: ConfigMap
+        metadata: {name: demo-settings, namespace: demo}
+        data: {owner: fnrun, color: color-blue}
+desired:
+  composite:
+    resource: {apiVersion: example.fnrun.dev/v1, kind: XApp}
+  resources:
+    settings:
+      resource:
+        apiVersion: v1
+        kind: ConfigMap
+        data: {owner: fnrun, color: color-blue}
+    other:
+      resource:
+        apiVersion: v1
+        kind: ConfigMap
+        data: {owner: fnrun}
+"#;
+
+/// function-auto-ready, packaged from its release (a `meta.pkg.crossplane.io/v1`
+/// Function, its module named otherwise than its repository) and served by
+/// `fnrun function serve`: the observed ConfigMap is marked ready, the one
+/// not observed yet is not.
+#[test]
+fn function_serve_hosts_auto_ready() {
+    if !require_root("function_serve_hosts_auto_ready") {
+        return;
+    }
+    let registry = Registry::start().expect("registry starts");
+    let image = AUTO_READY
+        .image()
+        .expect("function-auto-ready builds and packages")
+        .push_to(
+            &registry,
+            &format!(
+                "crossplane-contrib/{}:{}",
+                AUTO_READY.name, AUTO_READY.version
+            ),
+        );
+    let cli = Cli::new().unwrap();
+    let mut serve = cli.function_serve(&image).expect("it serves");
+    let outcome = fnrun_tests::crossplane::Call::insecure(serve.addr())
+        .authority("localhost:9443")
+        .request(AUTO_READY_REQUEST)
+        .run()
+        .unwrap();
+    assert!(outcome.is_ok(), "{outcome:?}");
+    let desired = &outcome.response()["desired"]["resources"];
+    assert_eq!(desired["settings"]["ready"], "READY_TRUE", "{outcome:?}");
+    assert_ne!(desired["other"]["ready"], "READY_TRUE", "{outcome:?}");
+    assert_eq!(outcome.response()["meta"]["tag"], "auto-ready-1");
+    let status = serve.stop().expect("it exits");
+    assert!(status.success(), "{status:?}: {}", serve.log());
 }

@@ -151,6 +151,8 @@ fn termination_grace_covers_the_shutdown_delay_and_grace() {
         "deploy/daemonset.yaml",
         "deploy/rootless/daemonset.yaml",
         "deploy/crossplane-file/deployment.yaml",
+        "deploy/crossplane/deployment.yaml",
+        "deploy/crossplane/privileged/deployment.yaml",
     ] {
         let workload = load(file);
         let a = args(container(&workload, "fnrun"));
@@ -787,7 +789,59 @@ fn crossplane_function_runtime_serves_every_listed_function_over_mtls() {
 /// one).
 #[test]
 fn kubernetes_mode_is_ready_by_readyz_and_its_lease_is_made_for_it() {
-    let deployment = load("deploy/crossplane/deployment.yaml");
+    for file in [
+        "deploy/crossplane/deployment.yaml",
+        "deploy/crossplane/privileged/deployment.yaml",
+    ] {
+        ready_by_readyz(file);
+    }
+    let lease = load("deploy/crossplane/lease.yaml");
+    assert_eq!(lease["kind"].as_str(), Some("Lease"));
+    assert_eq!(lease["metadata"]["name"].as_str(), Some("fnrun-functions"));
+    assert_eq!(
+        lease["metadata"]["namespace"].as_str(),
+        Some("crossplane-system")
+    );
+    assert!(lease["spec"].is_null(), "the holder is fnrun's to write");
+}
+
+/// Kubernetes mode's default Deployment is the unprivileged one (its own
+/// user namespace, uid 65532, no capability, /proc unmasked, fnrun's
+/// seccomp profile), the privileged one beside it is privileged; both run
+/// fnrun with the same arguments, the same Deployment by the same name.
+#[test]
+fn kubernetes_modes_default_is_unprivileged_and_the_privileged_variant_runs_the_same() {
+    let default = load("deploy/crossplane/deployment.yaml");
+    let privileged = load("deploy/crossplane/privileged/deployment.yaml");
+    let pod = at(&default, "spec.template.spec");
+    assert_eq!(pod["hostUsers"].as_bool(), Some(false));
+    assert_eq!(pod["securityContext"]["runAsUser"].as_u64(), Some(65532));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+    let seccomp = &pod["securityContext"]["seccompProfile"];
+    assert_eq!(seccomp["type"].as_str(), Some("Localhost"));
+    assert_eq!(
+        seccomp["localhostProfile"].as_str(),
+        Some("fnrun/fnrun.json")
+    );
+    let sc = &container(&default, "fnrun")["securityContext"];
+    assert_eq!(sc["privileged"].as_bool(), Some(false));
+    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(sc["procMount"].as_str(), Some("Unmasked"));
+    assert_eq!(sc["capabilities"]["drop"][0].as_str(), Some("ALL"));
+    assert!(sc["capabilities"]["add"].is_null(), "{sc:?}");
+
+    let sc = &container(&privileged, "fnrun")["securityContext"];
+    assert_eq!(sc["privileged"].as_bool(), Some(true));
+    assert!(at(&privileged, "spec.template.spec.hostUsers").is_null());
+    assert_eq!(
+        args(container(&default, "fnrun")),
+        args(container(&privileged, "fnrun"))
+    );
+    assert_eq!(default["metadata"], privileged["metadata"]);
+}
+
+fn ready_by_readyz(file: &str) {
+    let deployment = load(file);
     let c = container(&deployment, "fnrun");
     let a = args(c);
     assert!(a.contains(&"--metrics-listen=0.0.0.0:9090"), "{a:?}");
@@ -799,20 +853,16 @@ fn kubernetes_mode_is_ready_by_readyz_and_its_lease_is_made_for_it() {
         .expect("a port named metrics");
     assert_eq!(metrics["containerPort"].as_u64(), Some(9090));
     for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/livez")] {
-        assert_eq!(c[probe]["httpGet"]["path"].as_str(), Some(path), "{probe}");
+        assert_eq!(
+            c[probe]["httpGet"]["path"].as_str(),
+            Some(path),
+            "{file}: {probe}"
+        );
         assert_eq!(
             c[probe]["httpGet"]["port"].as_str(),
             Some("metrics"),
-            "{probe}"
+            "{file}: {probe}"
         );
-        assert!(c[probe]["tcpSocket"].is_null(), "{probe}");
+        assert!(c[probe]["tcpSocket"].is_null(), "{file}: {probe}");
     }
-    let lease = load("deploy/crossplane/lease.yaml");
-    assert_eq!(lease["kind"].as_str(), Some("Lease"));
-    assert_eq!(lease["metadata"]["name"].as_str(), Some("fnrun-functions"));
-    assert_eq!(
-        lease["metadata"]["namespace"].as_str(),
-        Some("crossplane-system")
-    );
-    assert!(lease["spec"].is_null(), "the holder is fnrun's to write");
 }

@@ -3,7 +3,9 @@
 //! runs a Pod: a busybox image built by the tests, imported into
 //! containerd, runs to completion, its log is what it printed (including
 //! the cluster DNS's answer); with the controller manager and scheduler, a
-//! DaemonSet's Pod, and fnrun's own DaemonSet (`deploy/`) serving a
+//! DaemonSet's Pod; a Pod reaches the API server through the `kubernetes`
+//! Service with its ServiceAccount's token (in-cluster configuration); and
+//! fnrun's own DaemonSet (`deploy/`) serving a
 //! v1alpha1 call through its hostPath socket. Once each is deleted and the
 //! node stopped, nothing of the node is left on the host: no process,
 //! mount, cgroup, link, iptables rule or changed sysctl.
@@ -13,7 +15,9 @@ use std::time::{Duration, Instant};
 use std::sync::Mutex;
 
 use fnrun_tests::image::TestImage;
-use fnrun_tests::node::{HostState, NODE_IP, NODE_NAME, Node, Options};
+use fnrun_tests::node::{
+    FNRUN_IMAGE, HostState, NODE_IP, NODE_NAME, Node, Options, fnrun_image_archive,
+};
 
 /// One test at a time: each compares the host before and after its node.
 static ONE_NODE: Mutex<()> = Mutex::new(());
@@ -103,6 +107,91 @@ spec:
         .kubectl(&["get", "pod", "hello", "-o", "jsonpath={.status.podIP}"])
         .unwrap();
     assert!(ip.starts_with("10.244.0."), "{ip}: {}", describe());
+
+    // In-cluster configuration, as a client library finds it: the
+    // `kubernetes` Service's address in the environment, the token kubelet
+    // projects for the pod's ServiceAccount and the CA of `kube-root-ca.crt`.
+    // kubectl (a static binary) in a pod reaches the API server through the
+    // Service, by its address and by its name, and is who its ServiceAccount
+    // is: what RBAC grants it is allowed, nothing more.
+    let kubectl = std::fs::canonicalize(fnrun_tests::kube::KUBECTL).unwrap();
+    let image = TestImage::busybox()
+        .tag("api")
+        .binary(kubectl, "/bin/kubectl")
+        .cmd([
+            "/bin/sh",
+            "-c",
+            "echo $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT; \
+             kubectl auth whoami -o jsonpath='{.status.userInfo.username}'; echo; \
+             kubectl get configmap kube-root-ca.crt -o name; \
+             kubectl get secrets 2>&1 | grep -o 'cannot list resource \"secrets\"'; \
+             sa=/var/run/secrets/kubernetes.io/serviceaccount; \
+             kubectl --server=https://kubernetes.default.svc --certificate-authority=$sa/ca.crt \
+               --token=\"$(cat $sa/token)\" get --raw /readyz; echo",
+        ])
+        .build()
+        .unwrap();
+    let reference = node.import_image(&image, "fnrun.test/busybox").unwrap();
+    node.cp()
+        .apply(&format!(
+            r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: reader, namespace: default}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: reader, namespace: default}}
+rules:
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: reader, namespace: default}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}}
+subjects: [{{kind: ServiceAccount, name: reader, namespace: default}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: api, namespace: default}}
+spec:
+  nodeName: {NODE_NAME}
+  restartPolicy: Never
+  serviceAccountName: reader
+  containers:
+  - name: api
+    image: {reference}
+    imagePullPolicy: Never
+    env: [{{name: HOME, value: /tmp}}]
+"#
+        ))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let phase = loop {
+        let phase = node
+            .kubectl(&["get", "pod", "api", "-o", "jsonpath={.status.phase}"])
+            .unwrap();
+        if phase == "Succeeded" || phase == "Failed" || Instant::now() > deadline {
+            break phase;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let log = node.kubectl(&["logs", "api"]).unwrap_or_default();
+    assert_eq!(phase, "Succeeded", "{log}\n{}", node.log_tails());
+    assert_eq!(
+        log.lines().collect::<Vec<_>>(),
+        [
+            "10.96.0.1:443",
+            "system:serviceaccount:default:reader",
+            "configmap/kube-root-ca.crt",
+            "cannot list resource \"secrets\"",
+            "ok",
+        ],
+        "{log}"
+    );
+    node.kubectl(&["delete", "pod", "api", "--timeout=60s"])
+        .unwrap();
 
     let during = HostState::now();
     let made = before.diff(&during);
@@ -227,38 +316,6 @@ impl Drop for HostPaths {
     }
 }
 
-/// fnrun's image as `scripts/build-image` makes it (the dev profile, as
-/// tests/tests/deploy.rs builds it), written as an OCI archive into `dir`;
-/// returns the archive.
-fn fnrun_image_archive(dir: &std::path::Path) -> std::path::PathBuf {
-    let repo = fnrun_tests::workspace_root();
-    let archive = dir.join("fnrun.tar");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| repo.join("target"))
-        .join("image");
-    let out = fnrun_tests::process::run_capture(
-        std::process::Command::new(repo.join("scripts/build-image"))
-            .arg(FNRUN_IMAGE)
-            .env("CARGO_TARGET_DIR", &target)
-            .env("FNRUN_BUILDAH_ROOT", dir.join("root"))
-            .env("FNRUN_BUILDAH_RUNROOT", dir.join("runroot"))
-            .env("FNRUN_IMAGE_ARCHIVE", &archive)
-            .env("BUILDAH_ISOLATION", "chroot")
-            .env("CARGO_NET_OFFLINE", "true")
-            .env("FNRUN_CARGO_PROFILE", "dev")
-            .env("CARGO_INCREMENTAL", "0")
-            .env_remove("RUSTFLAGS"),
-        None,
-        Duration::from_secs(3600),
-    );
-    assert_eq!(out.code, Some(0), "scripts/build-image: {out:?}");
-    archive
-}
-
-/// fnrun's image in containerd.
-const FNRUN_IMAGE: &str = "fnrun.test/fnrun:dev";
-
 /// `deploy/daemonset.yaml` applied as a user applies it (its namespace and
 /// ServiceAccount first), with fnrun's image as `scripts/build-image` makes
 /// it and the tests' registry (on the node's bridge, plain HTTP) named
@@ -318,7 +375,7 @@ fn fnrun_daemonset_serves(
     }
     let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
     let build = tempfile::tempdir().unwrap();
-    let archive = fnrun_image_archive(build.path());
+    let archive = fnrun_image_archive(build.path()).unwrap();
     let host_paths = HostPaths::new();
     let before = HostState::now();
     let mut node =

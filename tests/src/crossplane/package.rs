@@ -44,6 +44,17 @@ pub const PATCH_AND_TRANSFORM: UpstreamFunction = UpstreamFunction {
     version: "v0.10.7",
 };
 
+/// `crossplane-contrib/function-auto-ready`: marks composed resources ready
+/// by their kind's health checks (a ConfigMap is ready once it exists). Its
+/// go.mod names it `github.com/crossplane/function-auto-ready`, the name
+/// it is built by; `tests/go/upstream/function-auto-ready` maps that name to
+/// the repository's, which the Go module proxy serves it under (`replace`).
+pub const AUTO_READY: UpstreamFunction = UpstreamFunction {
+    name: "function-auto-ready",
+    module: "github.com/crossplane/function-auto-ready",
+    version: "v0.7.0",
+};
+
 impl UpstreamFunction {
     /// The function's binary (static), built once.
     pub fn binary(&self) -> Result<PathBuf> {
@@ -78,6 +89,14 @@ impl UpstreamFunction {
     }
 }
 
+/// The `apiVersion`s of a package's `crossplane.yaml` that [`package_yaml`]
+/// takes (function-patch-and-transform's is `v1beta1`, function-auto-ready's
+/// `v1`).
+const META_API_VERSIONS: [&str; 2] = [
+    "meta.pkg.crossplane.io/v1",
+    "meta.pkg.crossplane.io/v1beta1",
+];
+
 /// `package.yaml` from a function's `package/` directory (see
 /// [`UpstreamFunction::package_yaml`]).
 pub fn package_yaml(dir: &Path) -> Result<String> {
@@ -86,9 +105,10 @@ pub fn package_yaml(dir: &Path) -> Result<String> {
         .with_context(|| format!("cannot read {}", path.display()))?;
     let mut meta: serde_json::Value =
         serde_norway::from_str(&text).with_context(|| format!("{} is not YAML", path.display()))?;
-    if meta["apiVersion"] != "meta.pkg.crossplane.io/v1beta1" || meta["kind"] != "Function" {
+    let api_version = meta["apiVersion"].as_str().unwrap_or_default();
+    if !META_API_VERSIONS.contains(&api_version) || meta["kind"] != "Function" {
         bail!(
-            "{} is no meta.pkg.crossplane.io/v1beta1 Function",
+            "{} is no meta.pkg.crossplane.io/v1 or v1beta1 Function",
             path.display()
         );
     }
@@ -125,4 +145,61 @@ pub fn package_image(binary: &Path, package_yaml: &str) -> TestImage {
         .entrypoint([FUNCTION_PATH])
         .user(FUNCTION_USER)
         .annotated_layer([("/package.yaml", package_yaml)], &[XPKG_ANNOTATION])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn package_dir(crossplane_yaml: &str, inputs: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("crossplane.yaml"), crossplane_yaml).unwrap();
+        if !inputs.is_empty() {
+            std::fs::create_dir(dir.path().join("input")).unwrap();
+        }
+        for (name, text) in inputs {
+            std::fs::write(dir.path().join("input").join(name), text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn package_yaml_takes_v1_and_v1beta1_functions_and_sets_the_constraint() {
+        for api in META_API_VERSIONS {
+            let dir = package_dir(
+                &format!("---\napiVersion: {api}\nkind: Function\nmetadata:\n  name: f\n"),
+                &[("b.yaml", "kind: B\n"), ("a.yaml", "---\nkind: A")],
+            );
+            let stream = package_yaml(dir.path()).unwrap();
+            let docs: Vec<serde_json::Value> = stream
+                .split("---\n")
+                .filter(|d| !d.trim().is_empty())
+                .map(|d| serde_norway::from_str(d).unwrap())
+                .collect();
+            assert_eq!(docs.len(), 3, "{stream}");
+            assert_eq!(docs[0]["apiVersion"], api);
+            assert_eq!(
+                docs[0]["spec"]["crossplane"]["version"],
+                CROSSPLANE_CONSTRAINT
+            );
+            // The inputs, sorted by file name.
+            assert_eq!(docs[1]["kind"], "A");
+            assert_eq!(docs[2]["kind"], "B");
+        }
+    }
+
+    #[test]
+    fn package_yaml_refuses_what_is_no_function() {
+        for text in [
+            "apiVersion: meta.pkg.crossplane.io/v1\nkind: Provider\n",
+            "apiVersion: meta.pkg.crossplane.io/v2\nkind: Function\n",
+        ] {
+            let dir = package_dir(text, &[]);
+            let err = package_yaml(dir.path()).unwrap_err().to_string();
+            assert!(
+                err.contains("is no meta.pkg.crossplane.io/v1 or v1beta1 Function"),
+                "{err}"
+            );
+        }
+    }
 }
