@@ -1016,7 +1016,10 @@ disabled_plugins = [
         if let Some(mut child) = self.containerd.take() {
             terminate(&mut child, Duration::from_secs(10));
         }
-        // Whatever still runs: shims, containers, pause.
+        // Whatever still runs: shims, containers, pause. A process in a
+        // frozen cgroup (a freezer a runtime inside a pod left FROZEN, such
+        // as a sandbox killed while frozen) cannot take a SIGKILL: thaw them.
+        thaw_cgroups();
         for _ in 0..20 {
             let left = node_processes(Some(&root));
             if left.is_empty() {
@@ -1196,6 +1199,23 @@ fn collect_dirs(dir: &Path, out: &mut Vec<String>) {
             }
         }
     }
+}
+
+/// Thaws every frozen cgroup v1 freezer under [`CGROUP_ROOT`]; returns how
+/// many it thawed.
+fn thaw_cgroups() -> usize {
+    let mut dirs = Vec::new();
+    let top = Path::new("/sys/fs/cgroup/freezer").join(CGROUP_ROOT);
+    if top.is_dir() {
+        collect_dirs(&top, &mut dirs);
+    }
+    dirs.iter()
+        .map(|d| Path::new(d).join("freezer.state"))
+        .filter(|state| {
+            fs::read_to_string(state).is_ok_and(|s| s.trim() != "THAWED")
+                && fs::write(state, "THAWED").is_ok()
+        })
+        .count()
 }
 
 /// Removes the node's cgroups, deepest first (their processes are gone).

@@ -39,7 +39,7 @@ pub struct Built {
 
 /// The large Go builds, in the order the tests first need them
 /// (`crossplane_controller`, `crossplane_kubernetes`, `crossplane_render`,
-/// `kube_control_plane`, `node`).
+/// `kube_control_plane`, `node`, `node_crossplane`).
 pub fn large() -> Vec<Item> {
     vec![
         Item {
@@ -73,6 +73,10 @@ pub fn large() -> Vec<Item> {
         Item {
             name: "kubernetes node (runc, containerd, kubelet, kube-proxy, pause, CoreDNS)",
             build: || crate::node::Binaries::build().map(drop),
+        },
+        Item {
+            name: "crossplane v1.13 core",
+            build: || crossplane::pod::v1_binary().map(drop),
         },
     ]
 }

@@ -203,6 +203,140 @@ impl Crossplane {
     }
 }
 
+/// The Crossplane v1 release whose composition functions (alpha, v1.11 to
+/// v1.13) call a v1alpha1 runner: `deploy/sidecar/`'s peer.
+pub const V1_VERSION: &str = "v1.13.2";
+
+/// Crossplane [`V1_VERSION`]'s core binary, built once from
+/// `tests/go/upstream/crossplane-v1`, version-stamped.
+pub fn v1_binary() -> Result<std::path::PathBuf> {
+    crate::go::Toolchain::find()?.build_upstream_with(
+        "crossplane-v1",
+        "github.com/crossplane/crossplane/cmd/crossplane",
+        "crossplane-v1",
+        &format!("-X github.com/crossplane/crossplane/internal/version.version={V1_VERSION}"),
+    )
+}
+
+impl Crossplane {
+    /// Crossplane [`V1_VERSION`] as its v1.13 Helm chart installs it with
+    /// `args` (`--enable-composition-functions`) and `xfn.enabled=false` (no
+    /// runner of its own), webhooks off (no `WEBHOOK_TLS_SECRET_NAME`), the
+    /// ServiceAccount bound to `cluster-admin` (no RBAC manager): `core init`
+    /// as its init container, then `core start`; waits until it is rolled
+    /// out.
+    pub fn install_v1(node: &Node, args: &[&str]) -> Result<Crossplane> {
+        let go = crate::go::Toolchain::find()?;
+        let crds = go
+            .module_dir("crossplane-v1", "github.com/crossplane/crossplane")?
+            .join("cluster/crds");
+        let image = TestImage::scratch()
+            .tag(V1_VERSION)
+            .binary(v1_binary()?, "/usr/local/bin/crossplane")
+            .host_copy(crds, "/crds")
+            .dir("/tmp", 0o1777)
+            .entrypoint(["/usr/local/bin/crossplane"])
+            .user("65532:65532")
+            .build()?;
+        let reference = node.import_image(&image, IMAGE_NAME)?;
+        let mut start = vec!["core", "start"];
+        start.extend_from_slice(args);
+        let start = serde_json::to_string(&start).expect("strings serialise");
+        let env = "
+        - {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+        - {name: POD_SERVICE_ACCOUNT, valueFrom: {fieldRef: {fieldPath: spec.serviceAccountName}}}";
+        node.cp().apply(&format!(
+            r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: {NAMESPACE}}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: crossplane, namespace: {NAMESPACE}, labels: {{app: crossplane}}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: crossplane-cluster-admin, labels: {{app: crossplane}}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}}
+subjects: [{{kind: ServiceAccount, name: crossplane, namespace: {NAMESPACE}}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {DEPLOYMENT}
+  namespace: {NAMESPACE}
+  labels: {{app: crossplane, release: crossplane}}
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {{app: crossplane, release: crossplane}}
+  strategy: {{type: RollingUpdate}}
+  template:
+    metadata:
+      labels: {{app: crossplane, release: crossplane}}
+    spec:
+      serviceAccountName: crossplane
+      terminationGracePeriodSeconds: 5
+      initContainers:
+      - name: crossplane-init
+        image: {reference}
+        imagePullPolicy: IfNotPresent
+        args: [core, init]
+        securityContext:
+          runAsUser: 65532
+          runAsGroup: 65532
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+        env:{env}
+      containers:
+      - name: crossplane
+        image: {reference}
+        imagePullPolicy: IfNotPresent
+        args: {start}
+        ports:
+        - {{name: readyz, containerPort: 8081}}
+        securityContext:
+          runAsUser: 65532
+          runAsGroup: 65532
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+        env:{env}
+        - {{name: LEADER_ELECTION, value: "true"}}
+        volumeMounts:
+        - {{mountPath: /cache, name: package-cache}}
+      volumes:
+      - name: package-cache
+        emptyDir: {{sizeLimit: 20Mi}}
+"#
+        ))?;
+        let crossplane = Crossplane {
+            runtime: Runtime::External,
+        };
+        crossplane.rolled_out(node)?;
+        Ok(crossplane)
+    }
+
+    /// Waits until the Deployment `crossplane` is rolled out.
+    pub fn rolled_out(&self, node: &Node) -> Result<()> {
+        let out = node.kubectl(&[
+            "rollout",
+            "status",
+            &format!("deployment/{DEPLOYMENT}"),
+            "-n",
+            NAMESPACE,
+            &format!("--timeout={ROLLOUT}"),
+        ]);
+        if let Err(e) = out {
+            bail!(
+                "Crossplane did not roll out: {e:#}\n{}\n{}",
+                self.describe(node),
+                node.log_tails()
+            );
+        }
+        Ok(())
+    }
+}
+
 /// The chart's objects for `image` (see the module's documentation).
 pub fn manifests(image: &str, runtime: Runtime, args: &[&str]) -> String {
     let mut start_args = vec!["core", "start", runtime.flag()];
