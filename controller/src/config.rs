@@ -41,10 +41,11 @@ pub struct Config {
 
 /// The limits this host can enforce (the runner's), and what to do with a
 /// Function whose DeploymentRuntimeConfig asks for one it cannot: by
-/// default it is not served, and its revision's `RuntimeHealthy` says why
-/// (reason [`crate::status::REASON_UNENFORCEABLE`]); with
-/// `--best-effort-limits` it is served without that limit, and its
-/// condition, True, says so.
+/// default its revision's `RuntimeHealthy` is False, saying why (reason
+/// [`crate::status::REASON_UNENFORCEABLE`]), no trial start is made, and
+/// its calls are refused with FAILED_PRECONDITION naming the limit; with
+/// `--best-effort-limits` it runs without that limit, and its condition,
+/// True, says so.
 #[derive(Debug, Clone)]
 pub struct LimitPolicy {
     pub support: fnrun_sandbox::LimitSupport,

@@ -379,8 +379,10 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
         .filter(|r| r.labels().get(PACKAGE_LABEL) == Some(&name))
         .collect();
     let active = revisions.iter().find(|r| r.is_active()).cloned();
-    // What it is served without, as the operator chose.
+    // What it is served without, as the operator chose; or why it cannot
+    // run at all, which its calls are told too (FAILED_PRECONDITION).
     let mut without = None;
+    let mut unenforceable = None;
     let problem = match &active {
         // No active revision: Crossplane is between two (an upgrade
         // deactivates the old one first) or waits for a manual activation,
@@ -389,9 +391,24 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
         None => None,
         Some(rev) => match ctx.build(&function, rev).await {
             Ok(def) => {
-                without = ctx.config.limits.unenforceable(&def.limits).map(|why| {
-                    format!("served without the limits it asks for (--best-effort-limits): {why}")
-                });
+                match ctx.config.limits.unenforceable(&def.limits) {
+                    Some(why) if ctx.config.limits.best_effort => {
+                        without = Some(format!(
+                            "served without the limits it asks for (--best-effort-limits): {why}"
+                        ));
+                    }
+                    Some(why) => {
+                        unenforceable = Some(CannotServe {
+                            reason: REASON_UNENFORCEABLE,
+                            message: format!(
+                                "{why}: its calls are refused (fnrun's --best-effort-limits \
+                                 runs it without them; docs/deployment.md says what gives a pod \
+                                 a cgroup it may write)"
+                            ),
+                        });
+                    }
+                    None => {}
+                }
                 ctx.serve(&function, def).await;
                 None
             }
@@ -402,7 +419,7 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
     };
     {
         let mut problems = locked(&ctx.problems);
-        match &problem {
+        match problem.as_ref().or(unenforceable.as_ref()) {
             Some(why) if problems.get(&name) != Some(&why.message) => {
                 tracing::warn!(
                     function = name,
@@ -427,11 +444,16 @@ async fn reconcile(function: Arc<Function>, ctx: Arc<Ctx>) -> Result<Action, Err
             .problem(&ctx.config)
             .map(|why| format!("fnrun cannot serve TLS: {why}"))
     };
-    if let Some(failures) = ctx.trials.due(&name) {
+    // A trial of a function whose limits cannot be enforced would only fail
+    // the same way.
+    if unenforceable.is_none()
+        && let Some(failures) = ctx.trials.due(&name)
+    {
         ctx.start_trial(&name, failures);
     }
     let health = problem
         .clone()
+        .or(unenforceable)
         .map(Health::Refused)
         .or(ca_problem.map(Health::Unhealthy))
         .or_else(|| ctx.trials.health(&name))
@@ -633,18 +655,6 @@ impl Ctx {
             desired::function_def(&name, &rev.name_any(), rev.image(), &settings, pull_secrets)
                 .map_err(|e| CannotServe::new(e.to_string()))?;
         def.idle_timeout = self.config.idle_timeout;
-        if let Some(why) = self.config.limits.unenforceable(&def.limits)
-            && !self.config.limits.best_effort
-        {
-            return Err(CannotServe {
-                reason: REASON_UNENFORCEABLE,
-                message: format!(
-                    "{why}: fnrun does not serve it (fnrun's --best-effort-limits serves it \
-                     without them; docs/security.md says how a pod can get a cgroup of its own)"
-                ),
-            }
-            .into());
-        }
         Ok(def)
     }
 

@@ -852,7 +852,7 @@ fn kubernetes_mode_serves_every_installed_function_with_no_manual_step() {
     assert_composed(&cp, "rootless", "color-green", &|| logs(&rootless));
     // The limited Function's memory limit is one a rootless fnrun cannot
     // enforce on a host that gives it no cgroup of its own (cgroup v1): its
-    // revision says so, with a reason of its own, and it is not served.
+    // revision says so, with a reason of its own (its calls are refused).
     if rootless.log().contains("memory: unavailable") {
         let rev = wait_for(
             "the limited Function's revision saying its limit cannot be enforced",

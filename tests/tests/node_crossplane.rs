@@ -392,10 +392,14 @@ fn crossplane_composes_through_fnruns_replicas_on_the_node() {
     eprintln!("the limited revision's RuntimeHealthy: {runtime_healthy}");
     // The revision says the limit cannot be enforced here, not only the call.
     assert_eq!(runtime_healthy["status"], "False", "{runtime_healthy}");
+    assert_eq!(
+        runtime_healthy["reason"], "UnenforceableLimits",
+        "{runtime_healthy}"
+    );
     assert!(
         runtime_healthy["message"]
             .as_str()
-            .is_some_and(|m| m.contains("memory limit cannot be enforced")),
+            .is_some_and(|m| m.contains("cannot enforce: memory (")),
         "{runtime_healthy}"
     );
     let dir = tempfile::tempdir().unwrap();
