@@ -58,7 +58,7 @@ fn main() -> ExitCode {
         (None, v) => Some(LogLevel::raised(default_level, v)),
     };
     init_logging(cli.log_format, level, default_level);
-    match cli.command {
+    let code = match cli.command {
         Command::Serve(args) => commands::serve::main(args),
         Command::Run(args) => commands::run::main(args),
         Command::Pull(args) => commands::pull::main(args),
@@ -67,7 +67,14 @@ fn main() -> ExitCode {
         Command::Version(args) => commands::meta::version(args),
         Command::Completion(args) => commands::meta::completion(args, Cli::command()),
         Command::Man(args) => commands::meta::man(args, Cli::command()),
+    };
+    // A run being killed on another thread as the process ends is left
+    // frozen by no one (cgroup v1).
+    let thawed = fnrun_sandbox::thaw_frozen_runs();
+    if thawed > 0 {
+        tracing::warn!(thawed, "thawed run cgroups being killed as fnrun exits");
     }
+    code
 }
 
 /// Logs at `level` (`--log-level`, `-v`) when given, else as RUST_LOG says,

@@ -70,6 +70,15 @@ pub use crate::overlay::OverlayMount;
 pub use crate::process::Status;
 pub use crate::run::{Ending, ForCall, Outcome, Prepared, PreparedRun};
 pub use crate::sandbox::Sandbox;
+
+/// Thaws the run cgroups (cgroup v1) that this process froze to kill a run
+/// and has not thawed yet: for a daemon right before it exits, when another
+/// of its threads may be killing a run. A frozen process never dies, so it
+/// would outlive the daemon and hold its PID namespace (in a pod: the pod).
+/// Returns how many it thawed.
+pub fn thaw_frozen_runs() -> usize {
+    crate::cgroup::v1::thaw_frozen()
+}
 pub use crate::service::{ExitWatch, ForService, PreparedService, Service, ServiceExit};
 pub use crate::spec::{DEFAULT_PATH, HostUser, Limits, Network, RunSpec};
 

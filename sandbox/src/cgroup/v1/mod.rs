@@ -41,6 +41,7 @@ use crate::spec::Limits;
 
 mod pool;
 mod run;
+pub(crate) use self::run::thaw_frozen;
 
 use self::pool::{Pool, PooledRun, Slot};
 pub use self::run::RunV1;

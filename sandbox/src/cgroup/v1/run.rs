@@ -256,23 +256,37 @@ impl RunCgroup for RunV1 {
             return Ok(());
         }
         // Frozen, nothing forks between reading the list and killing it, and
-        // no pid is freed (so none is reused) meanwhile.
-        if freezer {
-            self.write("freezer", "freezer.state", "FROZEN")?;
-            for _ in 0..100 {
-                if self
-                    .read("freezer", "freezer.state")
-                    .is_some_and(|s| s.trim() == "FROZEN")
-                {
-                    break;
+        // no pid is freed (so none is reused) meanwhile. Whatever happens
+        // next, the cgroup is thawed (the guard), and a daemon that exits
+        // meanwhile thaws it on its way out ([`thaw_frozen`]): a frozen
+        // process never dies, and holds its PID namespace, and so its
+        // container, with it.
+        let frozen = match self.dir("freezer") {
+            Some(dir) if freezer => {
+                let state = dir.join("freezer.state");
+                let guard = Frozen::register(state);
+                self.write("freezer", "freezer.state", "FROZEN")?;
+                for _ in 0..100 {
+                    if self
+                        .read("freezer", "freezer.state")
+                        .is_some_and(|s| s.trim() == "FROZEN")
+                    {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
                 }
-                std::thread::sleep(Duration::from_millis(1));
+                Some(guard)
             }
-        }
+            _ => None,
+        };
         kill_pids(&self.procs(procs_dir));
-        if freezer {
+        if let Some(guard) = frozen {
             // The killed processes die as soon as they are thawed.
-            self.write("freezer", "freezer.state", "THAWED")?;
+            let thawed = self.write("freezer", "freezer.state", "THAWED");
+            if thawed.is_ok() {
+                guard.thawed();
+            }
+            thawed?;
         }
         Ok(())
     }
@@ -348,5 +362,145 @@ impl Counters {
             peak_memory_bytes: self.peak_memory_bytes,
             cpu_time: delta(self.cpu_ns, start.cpu_ns).map(Duration::from_nanos),
         }
+    }
+}
+
+/// The `freezer.state` files of run cgroups this process froze and has not
+/// thawed yet.
+static FROZEN: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// One run cgroup frozen by [`RunV1::kill`]: thawed when dropped unless
+/// [`Frozen::thawed`] says it was.
+struct Frozen {
+    state: PathBuf,
+    done: bool,
+}
+
+impl Frozen {
+    fn register(state: PathBuf) -> Frozen {
+        FROZEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(state.clone());
+        Frozen { state, done: false }
+    }
+
+    fn thawed(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if !self.done
+            && let Err(e) = std::fs::write(&self.state, "THAWED")
+        {
+            tracing::warn!(file = %self.state.display(), error = %e, "cannot thaw a run cgroup");
+        }
+        let mut frozen = FROZEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = frozen.iter().position(|s| *s == self.state) {
+            frozen.swap_remove(i);
+        }
+    }
+}
+
+/// Thaws every run cgroup this process has frozen and not thawed yet: for a
+/// daemon about to exit while another of its threads is killing a run (a
+/// frozen process never dies, so it would outlive the daemon, and hold its
+/// container). Returns how many it thawed.
+pub fn thaw_frozen() -> usize {
+    let frozen = FROZEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    frozen
+        .iter()
+        .filter(|state| std::fs::write(state, "THAWED").is_ok())
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the host's v1 freezer (root only): a cgroup frozen by a kill that
+    /// has not finished is thawed by `thaw_frozen`, as the daemon does on
+    /// its way out, and its killed process then dies.
+    #[test]
+    fn a_run_frozen_by_an_unfinished_kill_is_thawed_on_the_way_out() {
+        let freezer = Path::new("/sys/fs/cgroup/freezer");
+        if !freezer.join("cgroup.procs").exists() {
+            eprintln!("skipped: no cgroup v1 freezer hierarchy here");
+            return;
+        }
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let dir = freezer.join(format!("fnrun-test-thaw-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        /// Whatever the test found, nothing frozen or left on the host.
+        struct Cleanup(PathBuf);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
+                for _ in 0..100 {
+                    if std::fs::remove_dir(&self.0).is_ok() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+        let _cleanup = Cleanup(dir.clone());
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+        let state = dir.join("freezer.state");
+        let guard = Frozen::register(state.clone());
+        std::fs::write(&state, "FROZEN").unwrap();
+        for _ in 0..1000 {
+            if std::fs::read_to_string(&state).unwrap().trim() == "FROZEN" {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(std::fs::read_to_string(&state).unwrap().trim(), "FROZEN");
+        // Killed while frozen: it cannot die yet.
+        child.kill().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(child.try_wait().unwrap().is_none(), "a frozen process died");
+        // What the daemon does as it exits.
+        assert!(thaw_frozen() >= 1);
+        assert_eq!(std::fs::read_to_string(&state).unwrap().trim(), "THAWED");
+        let status = child.wait().unwrap();
+        assert!(!status.success());
+        guard.thawed();
+        assert!(
+            !FROZEN
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(&state)
+        );
+    }
+
+    /// A guard dropped without `thawed` (the kill returned early) thaws.
+    #[test]
+    fn a_kill_that_returns_early_still_thaws() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("freezer.state");
+        std::fs::write(&state, "FROZEN").unwrap();
+        drop(Frozen::register(state.clone()));
+        assert_eq!(std::fs::read_to_string(&state).unwrap(), "THAWED");
+        assert!(
+            !FROZEN
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(&state)
+        );
     }
 }
