@@ -433,10 +433,27 @@ fn crossplane_composes_through_fnruns_replicas_on_the_node() {
         node.cp().apply(&xrs(N, "green")).unwrap();
         node.kubectl(&["delete", "pod", &serving.0, "-n", NAMESPACE, "--wait=false"])
             .unwrap();
-        *deleted.lock().unwrap() = serving.0;
+        *deleted.lock().unwrap() = serving.0.clone();
         timings.push((
             "40 XRs, a replica deleted",
             wait_all_composed(&bed, N, "green", Duration::from_secs(240)),
+        ));
+        // The deleted replica drains what it has (--shutdown-delay, then
+        // --shutdown-grace), which may be all of the load: once it is gone,
+        // the next updates are served by another.
+        node.kubectl(&[
+            "wait",
+            "--for=delete",
+            &format!("pod/{}", serving.0),
+            "-n",
+            NAMESPACE,
+            "--timeout=120s",
+        ])
+        .unwrap();
+        node.cp().apply(&xrs(N, "blue")).unwrap();
+        timings.push((
+            "40 XRs, after the deleted replica is gone",
+            wait_all_composed(&bed, N, "blue", Duration::from_secs(240)),
         ));
     });
     let deleted = deleted.into_inner().unwrap();
