@@ -324,7 +324,7 @@ impl Drop for HostPaths {
 /// the Pod.
 #[test]
 fn fnruns_daemonset_runs_a_function_through_its_hostpath_socket() {
-    fnrun_daemonset_serves("daemonset.yaml", "fnrun", |_, _| {});
+    fnrun_daemonset_serves("daemonset.yaml", "fnrun", Limits::Enforced, |_, _| {});
 }
 
 /// The rootless variant, `deploy/rootless/daemonset.yaml`, installed as
@@ -338,6 +338,7 @@ fn fnruns_rootless_daemonset_runs_a_function_through_its_hostpath_socket() {
     fnrun_daemonset_serves(
         "rootless/daemonset.yaml",
         "fnrun-rootless",
+        Limits::Refused,
         |node, daemonset| {
             let profile = node.dir().join("kubelet/seccomp/fnrun/fnrun.json");
             std::fs::create_dir_all(profile.parent().unwrap()).unwrap();
@@ -357,16 +358,29 @@ fn fnruns_rootless_daemonset_runs_a_function_through_its_hostpath_socket() {
     );
 }
 
+/// What a DaemonSet variant does with a call's memory limit on this node
+/// (cgroup v1): the root one enforces it; the rootless one may write no
+/// cgroup and refuses the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limits {
+    Enforced,
+    Refused,
+}
+
 /// `deploy/MANIFEST` (the DaemonSet `name`) applied as a user applies it
 /// (its namespace and ServiceAccount first), after `prepare` (which may
 /// install what its docs say and adjust it), with fnrun's image as
 /// `scripts/build-image` makes it and the tests' registry (on the node's
 /// bridge, plain HTTP) named insecure: the Pod turns Ready (its gRPC probe),
 /// and a v1alpha1 call through the socket on the hostPath runs a function in
-/// its sandbox inside the Pod.
+/// its sandbox inside the Pod; a 32Mi memory limit is enforced or refused
+/// (`limits`), a timeout ends a run, an isolated run cannot reach the
+/// node's address, and Porch's evaluator answers on the same socket
+/// (grpc-go). Nothing is left on the host once it is deleted.
 fn fnrun_daemonset_serves(
     manifest: &str,
     name: &str,
+    limits: Limits,
     prepare: impl Fn(&Node, &mut serde_json::Value),
 ) {
     if !fnrun_tests::user::is_root() {
@@ -384,6 +398,19 @@ fn fnrun_daemonset_serves(
     let image = node.import_archive(&archive, image_name, tag).unwrap();
     let registry = fnrun_tests::registry::Registry::start_on(NODE_IP).unwrap();
     let function = TestImage::echo().push_to(&registry, "fns/echo:v1");
+    // The shell keeps 200 MB of command output in memory.
+    let hungry = TestImage::script(
+        "#!/bin/sh\ncat >/dev/null\nx=$(head -c 200000000 /dev/zero | tr '\\0' a)\necho ${#x} >&2\n",
+    )
+    .push_to(&registry, "fns/hungry:v1");
+    let sleepy = TestImage::script("#!/bin/sh\nsleep 60\n").push_to(&registry, "fns/sleepy:v1");
+    // Reaches for the registry on the node's address: an isolated run has
+    // no route there, and echoes its input only then.
+    let reaching = TestImage::script(&format!(
+        "#!/bin/sh\nif wget -q -T 3 -O /dev/null http://{}/v2/; then echo reached >&2; exit 3; fi\ncat\n",
+        registry.addr()
+    ))
+    .push_to(&registry, "fns/reaching:v1");
 
     let deploy = fnrun_tests::workspace_root().join("deploy");
     for file in ["namespace.yaml", "serviceaccount.yaml"] {
@@ -444,6 +471,79 @@ fn fnrun_daemonset_serves(
     fnrun_tests::functionio::assert_same_yaml(
         &String::from_utf8_lossy(&response.output),
         fnrun_tests::functionio::SAMPLE,
+    );
+
+    // Its sandbox inside the Pod: a memory limit (enforced or refused, as
+    // the variant can), a timeout, no network.
+    use fnrun_tests::client::Run;
+    let call = |run: Run| {
+        runtime.block_on(async {
+            let channel =
+                fnrun_tests::client::channel_unix(std::path::Path::new("/var/run/fnrun/fn.sock"))
+                    .await
+                    .expect("the hostPath socket answers");
+            let mut client = fnrun_tests::client::Client::new(channel);
+            fnrun_tests::client::run_function(&mut client, run.build()).await
+        })
+    };
+    let limited = call(
+        Run::new(&hungry, fnrun_tests::functionio::SAMPLE)
+            .memory("32Mi")
+            .timeout(std::time::Duration::from_secs(60)),
+    )
+    .expect_err("200 MB in 32Mi");
+    match limits {
+        Limits::Enforced => assert_eq!(
+            limited.code(),
+            tonic::Code::ResourceExhausted,
+            "{limited:?}\n{}",
+            describe()
+        ),
+        Limits::Refused => {
+            assert_eq!(
+                limited.code(),
+                tonic::Code::FailedPrecondition,
+                "{limited:?}"
+            );
+            assert!(
+                limited
+                    .message()
+                    .contains("memory limit cannot be enforced"),
+                "{limited:?}"
+            );
+        }
+    }
+    let timed_out = call(
+        Run::new(&sleepy, fnrun_tests::functionio::SAMPLE)
+            .timeout(std::time::Duration::from_secs(2)),
+    )
+    .expect_err("60 s in 2 s");
+    assert_eq!(
+        timed_out.code(),
+        tonic::Code::DeadlineExceeded,
+        "{timed_out:?}"
+    );
+    let isolated = call(Run::new(&reaching, fnrun_tests::functionio::SAMPLE))
+        .unwrap_or_else(|e| panic!("an isolated run reached the registry: {e:?}"));
+    fnrun_tests::functionio::assert_same_yaml(
+        &String::from_utf8_lossy(&isolated.output),
+        fnrun_tests::functionio::SAMPLE,
+    );
+
+    // Porch's evaluator on the same socket, through grpc-go.
+    let evaluated = fnrun_tests::krm::go_evaluate(
+        "unix:/var/run/fnrun/fn.sock",
+        false,
+        &[&function],
+        "",
+        fnrun_tests::krm::RESOURCE_LIST.as_bytes(),
+    )
+    .unwrap_or_else(|e| panic!("{e:?}\n{}", describe()));
+    assert_eq!(evaluated.len(), 1);
+    assert_eq!(evaluated[0].code, "OK", "{evaluated:?}");
+    fnrun_tests::functionio::assert_same_yaml(
+        &evaluated[0].resource_list,
+        fnrun_tests::krm::RESOURCE_LIST,
     );
 
     node.kubectl(&[
