@@ -375,8 +375,8 @@ enum Limits {
 /// and a v1alpha1 call through the socket on the hostPath runs a function in
 /// its sandbox inside the Pod; a 32Mi memory limit is enforced or refused
 /// (`limits`), a timeout ends a run, an isolated run cannot reach the
-/// node's address, and Porch's evaluator answers on the same socket
-/// (grpc-go). Nothing is left on the host once it is deleted.
+/// node's address, `deploy/service.yaml` carries a call over TCP, and
+/// Porch's evaluator answers on the socket (grpc-go). Nothing is left on the host once it is deleted.
 fn fnrun_daemonset_serves(
     manifest: &str,
     name: &str,
@@ -527,6 +527,49 @@ fn fnrun_daemonset_serves(
         .unwrap_or_else(|e| panic!("an isolated run reached the registry: {e:?}"));
     fnrun_tests::functionio::assert_same_yaml(
         &String::from_utf8_lossy(&isolated.output),
+        fnrun_tests::functionio::SAMPLE,
+    );
+
+    // The node-local Service (deploy/service.yaml, internalTrafficPolicy
+    // Local): the same runner over TCP, through kube-proxy.
+    node.kubectl(&[
+        "apply",
+        "-f",
+        &deploy.join("service.yaml").display().to_string(),
+    ])
+    .unwrap();
+    let cluster_ip = node
+        .kubectl(&[
+            "get",
+            "service",
+            "fnrun",
+            "-n",
+            "fnrun-system",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])
+        .unwrap();
+    let addr = format!("{}:9443", cluster_ip.trim());
+    let over_tcp = fnrun_tests::wait_for(std::time::Duration::from_secs(60), || {
+        runtime.block_on(async {
+            let channel = fnrun_tests::client::channel_tcp(&addr, None).await.ok()?;
+            let mut client = fnrun_tests::client::Client::new(channel);
+            fnrun_tests::client::run_function(
+                &mut client,
+                Run::new(&function, fnrun_tests::functionio::SAMPLE).build(),
+            )
+            .await
+            .ok()
+        })
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no call through the node-local Service at {addr}\n{}",
+            describe()
+        )
+    });
+    fnrun_tests::functionio::assert_same_yaml(
+        &String::from_utf8_lossy(&over_tcp.output),
         fnrun_tests::functionio::SAMPLE,
     );
 
