@@ -301,13 +301,22 @@ impl Runner {
             .cache
             .root()
             .join(format!("sandbox-check-{}", std::process::id()));
-        let made = std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&layer)
-            .and_then(|()| {
-                // Searchable by the runs' ids whatever the umask.
-                std::fs::set_permissions(&layer, std::fs::Permissions::from_mode(0o755))
-            });
+        let made = match std::fs::DirBuilder::new().mode(0o755).create(&layer) {
+            // Left by an earlier start with the same pid that ended before
+            // removing it (in a container fnrun is pid 1 at every start):
+            // nothing is ever written to it.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && std::fs::symlink_metadata(&layer).is_ok_and(|m| m.is_dir()) =>
+            {
+                Ok(())
+            }
+            made => made,
+        }
+        .and_then(|()| {
+            // Searchable by the runs' ids whatever the umask.
+            std::fs::set_permissions(&layer, std::fs::Permissions::from_mode(0o755))
+        });
         if let Err(e) = made {
             return Err(fnrun_sandbox::Error::Io {
                 op: "create the sandbox check's empty layer",

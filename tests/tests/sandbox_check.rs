@@ -104,3 +104,54 @@ fn with_proc_unmasked_the_same_daemon_starts_and_serves() {
     let (code, err) = exited(child);
     assert_eq!(code, Some(0), "{err}");
 }
+
+#[test]
+fn an_empty_layer_left_by_an_earlier_start_as_pid_1_is_no_obstacle() {
+    if !require_root("an_empty_layer_left_by_an_earlier_start_as_pid_1_is_no_obstacle") {
+        return;
+    }
+    // As in a container restarted on the same cache: fnrun is pid 1 every
+    // time, and an earlier start killed before it removed its check's empty
+    // layer left `sandbox-check-1`.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("cache/sandbox-check-1")).unwrap();
+    let script = "exec \"$0\" serve --listen \"unix:$1/fnrun.sock\" --cache-dir \"$1/cache\" \
+                  --shutdown-delay 0s";
+    let child = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child=SIGTERM",
+            "sh",
+            "-c",
+            script,
+        ])
+        .arg(fnrun_bin())
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("unshare runs");
+    let socket = dir.path().join("fnrun.sock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let listening = socket.exists();
+    // `unshare --fork` ignores SIGTERM while it waits: the daemon, its
+    // child, is told.
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id()))
+        .unwrap_or_default();
+    for pid in children.split_whitespace() {
+        let pid = nix::unistd::Pid::from_raw(pid.parse().unwrap());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+    let (_, err) = exited(child);
+    assert!(listening, "it started: {err}");
+    assert_eq!(check_layers_left(dir.path()), Vec::<String>::new(), "{err}");
+}
