@@ -502,6 +502,18 @@ fn crossplane_composes_through_fnruns_replicas_on_the_node() {
         ));
     });
     eprintln!("calls served by each replica (a rolling update): {seen:?}");
+    // The rollout is complete once the new pods are ready; the old ones
+    // drain meanwhile (--shutdown-delay, --shutdown-grace) and then go.
+    for pod in before_rollout.keys() {
+        let _ = node.kubectl(&[
+            "wait",
+            "--for=delete",
+            &format!("pod/{pod}"),
+            "-n",
+            NAMESPACE,
+            "--timeout=120s",
+        ]);
+    }
     let after_rollout = bed.pods();
     assert!(
         after_rollout
