@@ -152,10 +152,10 @@ pub struct CgroupMemory {
 impl CgroupMemory {
     /// From `memory.usage_in_bytes` and `memory.stat`'s text.
     pub fn parse(usage: &str, stat: &str) -> Result<CgroupMemory> {
-        let usage: u64 = usage
-            .trim()
-            .parse()
-            .with_context(|| format!("memory.usage_in_bytes is no count: {usage:?}"))?;
+        let usage: u64 = usage.trim().parse().with_context(|| {
+            let shown: String = usage.chars().take(64).collect();
+            format!("memory.usage_in_bytes is no count: {shown:?}")
+        })?;
         let stat = parse_memory_stat(stat);
         let field = |key: &str| {
             stat.get(key)
@@ -253,7 +253,7 @@ pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     // `rest` starts at the 3rd field (state).
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    utime.checked_add(stime)
 }
 
 /// The kernel's clock ticks per second (`_SC_CLK_TCK`).
@@ -386,6 +386,27 @@ impl PodSample {
 
 #[cfg(test)]
 mod tests {
+
+    /// Whatever a file holds, the parsers answer without panicking and
+    /// their errors stay short.
+    #[test]
+    fn hostile_file_contents_neither_panic_nor_grow_the_errors() {
+        let max = u64::MAX.to_string();
+        let stat = format!("1 (a) S {}", vec![max.as_str(); 20].join(" "));
+        assert_eq!(parse_cpu_ticks(&stat), None);
+        assert_eq!(parse_cpu_ticks(")"), None);
+        assert_eq!(parse_cpu_ticks(""), None);
+        let long = "x".repeat(1 << 20);
+        let err = CgroupMemory::parse(&long, "").unwrap_err().to_string();
+        assert!(err.len() < 200, "{}", err.len());
+        assert!(CgroupMemory::parse("1", &long).is_err());
+        assert!(
+            parse_memory_stat(&format!("{long}\n a b\n\n k 99999999999999999999999")).is_empty()
+        );
+        let mem = CgroupMemory::parse("5", "total_inactive_file 9\ntotal_rss 1\ntotal_cache 2\n")
+            .unwrap();
+        assert_eq!(mem.working_set, 0);
+    }
     use super::*;
 
     #[test]
