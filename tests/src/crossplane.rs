@@ -150,6 +150,29 @@ pub fn service_names(name: &str, namespace: &str) -> Vec<String> {
     ]
 }
 
+/// A DeploymentRuntimeConfig `limited`: `FNRUN_TEST_SETTING=from-drc` and a
+/// memory limit of 200Mi for the `package-runtime` container.
+pub const LIMITED_RUNTIME_CONFIG: &str = r#"
+apiVersion: pkg.crossplane.io/v1beta1
+kind: DeploymentRuntimeConfig
+metadata:
+  name: limited
+spec:
+  deploymentTemplate:
+    spec:
+      selector: {}
+      template:
+        spec:
+          containers:
+            - name: package-runtime
+              env:
+                - name: FNRUN_TEST_SETTING
+                  value: from-drc
+              resources:
+                limits:
+                  memory: 200Mi
+"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -85,28 +85,7 @@ const PRIVATE: &str = "function-private";
 const PRIVATE_IC: &str = "function-private-ic";
 /// The environment variable its DeploymentRuntimeConfig sets.
 const DRC_ENV: &str = "FNRUN_TEST_SETTING";
-/// That DeploymentRuntimeConfig: `FNRUN_TEST_SETTING=from-drc` and a memory
-/// limit of 200Mi for the `package-runtime` container.
-const LIMITED: &str = r#"
-apiVersion: pkg.crossplane.io/v1beta1
-kind: DeploymentRuntimeConfig
-metadata:
-  name: limited
-spec:
-  deploymentTemplate:
-    spec:
-      selector: {}
-      template:
-        spec:
-          containers:
-            - name: package-runtime
-              env:
-                - name: FNRUN_TEST_SETTING
-                  value: from-drc
-              resources:
-                limits:
-                  memory: 200Mi
-"#;
+use fnrun_tests::crossplane::LIMITED_RUNTIME_CONFIG as LIMITED;
 /// A Function that declares the `operation` capability: the tests' Go
 /// function (`tests/go/crossplanefn`, which answers with a Normal result).
 const OPS: &str = "function-ops";

@@ -531,28 +531,7 @@ fn crossplane_composes_through_fnruns_replicas_on_the_node() {
 /// The environment variable the DeploymentRuntimeConfig [`LIMITED`] sets.
 const DRC_ENV: &str = "FNRUN_TEST_SETTING=from-drc";
 
-/// A DeploymentRuntimeConfig with an environment variable and a memory
-/// limit of 200Mi for the `package-runtime` container.
-const LIMITED: &str = r#"
-apiVersion: pkg.crossplane.io/v1beta1
-kind: DeploymentRuntimeConfig
-metadata:
-  name: limited
-spec:
-  deploymentTemplate:
-    spec:
-      selector: {}
-      template:
-        spec:
-          containers:
-            - name: package-runtime
-              env:
-                - name: FNRUN_TEST_SETTING
-                  value: from-drc
-              resources:
-                limits:
-                  memory: 200Mi
-"#;
+use fnrun_tests::crossplane::LIMITED_RUNTIME_CONFIG as LIMITED;
 
 /// The Function that uses [`LIMITED`]: the same package under another name.
 const LIMITED_FN: &str = "function-limited";
